@@ -1,0 +1,34 @@
+"""`python -m zkl`: one experiment (GRPO steps, per-step metrics) from the Hydra config."""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from zkl.config import CONF_DIR, ConfigError, to_object
+
+
+@hydra.main(config_path=CONF_DIR, config_name="config", version_base=None)
+def main(dcfg: DictConfig) -> None:
+    from zkl.rl.loop import run
+
+    cfg = to_object(dcfg)
+    run_dir = HydraConfig.get().runtime.output_dir
+    try:
+        rows = run(cfg, run_dir)
+    except ConfigError as err:
+        print(f"zkl: {err}", file=sys.stderr)
+        sys.exit(2)
+    last = rows[-1]
+    print(
+        f"{len(rows)} steps in {run_dir}: last gen_kl_error={last['train/gen_kl_error']:.3g} "
+        f"max_abs_logprob_diff={last['train/max_abs_logprob_diff']:.3g} "
+        f"reward first={rows[0]['reward/mean']:.3f} last={last['reward/mean']:.3f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

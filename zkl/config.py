@@ -1,0 +1,268 @@
+"""The typed configuration: one dataclass per config group, registered in Hydra's ConfigStore.
+
+`conf/` holds the group options as YAML data; these dataclasses are their schema, so a
+misspelt key fails with Hydra's own error. `precision` and `layout` are not in the primary
+defaults list (they are appended with `+precision=...`), so their defaults live here.
+`validate` turns a config that cannot work into one sentence naming the key to change.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from zkl.invariance import FIXES
+from zkl.models.config import ModelConfig, validate_model
+
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot work; the message names the key to change."""
+
+
+@dataclass
+class PrecisionConfig:
+    name: str = "bf16"
+    compute_dtype: str = "bfloat16"  # bfloat16 | float32
+    linear_quant: str = "none"  # none | mxfp8 | fp8_tensor
+    master_weights_fp32: bool = True  # fp32 copy for the optimizer when compute is bf16
+    native: bool = False  # native MXFP8 GEMMs (Transformer Engine on Blackwell)
+
+
+@dataclass
+class LayoutConfig:
+    name: str = "colocated"  # colocated | dedicated
+    backend: str = "gloo"  # torch.distributed backend for the dedicated refit
+    timeout_s: float = 600.0
+
+
+@dataclass
+class EngineConfig:
+    name: str = "native"
+    max_batch_size: int = 8  # continuous-batching slots
+    prefill_chunk: int = 0  # 0: whole prompt in one forward
+    prefix_cache_blocks: int = 4096
+
+
+@dataclass
+class KVConfig:
+    mode: str = "recompute"  # recompute | persist
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 6
+
+
+@dataclass
+class TaskConfig:
+    name: str = "add"
+    max_operand: int = 4  # a + b with a, b in 0..max_operand
+
+
+@dataclass
+class RLConfig:
+    steps: int = 20
+    prompts_per_step: int = 8
+    samples_per_prompt: int = 8
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    clip_eps: float = 0.2
+    kl_coef: float = 0.0  # k3 penalty against the initial policy
+    grad_clip: float = 1.0
+    num_minibatches: int = 1
+    score_micro_batch: int = 0  # 0: the whole rollout in one scoring forward
+
+
+@dataclass
+class WandbConfig:
+    mode: str = "offline"  # offline | online | disabled
+    project: str = "zkl"
+    entity: str | None = None
+    group: str | None = None  # null: derived from the config axes
+    tags: list[str] = field(default_factory=list)  # added to the derived axis tags
+
+
+@dataclass
+class TrackingConfig:
+    dump_tokens: str = "4"  # per-token records of the first N samples per step, or "all"
+    progress: bool = True
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+@dataclass
+class CertConfig:
+    steps: int = 0  # 0: step-0 certification; N: N real GRPO steps per bed
+    ablate: bool = False
+    models: list[str] = field(default_factory=lambda: ["tiny_dense", "tiny_moe"])
+    precisions: list[str] = field(default_factory=lambda: ["bf16"])
+    layouts: list[str] = field(default_factory=lambda: ["colocated"])
+    kv: list[str] = field(default_factory=lambda: ["recompute", "persist"])
+
+
+@dataclass
+class FixesConfig:
+    """null: follow `zero_train_gen_mismatch`; true/false: force one fix."""
+
+    batch_invariant_gemm: bool | None = None
+    batch_invariant_reductions: bool | None = None
+    attention_fixed_split: bool | None = None
+    logprob_path: bool | None = None
+    moe_combine_order: bool | None = None
+    kv_invalidate_on_refit: bool | None = None
+    refit_exactness: bool | None = None
+    quantized_weight_refresh: bool | None = None
+
+
+@dataclass
+class ZklConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    layout: LayoutConfig = field(default_factory=LayoutConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    kv: KVConfig = field(default_factory=KVConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    cert: CertConfig = field(default_factory=CertConfig)
+    fixes: FixesConfig = field(default_factory=FixesConfig)
+    zero_train_gen_mismatch: bool = True
+    seed: int = 0
+    num_threads: int = 0  # 0: torch's default; the dedicated generator uses the same number
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="zkl_schema", node=ZklConfig)
+
+
+register_configs()
+
+
+def to_object(cfg: DictConfig) -> ZklConfig:
+    return OmegaConf.to_object(cfg)
+
+
+def compose(overrides: list[str] | None = None) -> ZklConfig:
+    """The config `python -m zkl <overrides>` would run with (for tests and scripts)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        return to_object(hydra_compose("config", overrides=list(overrides or [])))
+
+
+def load_group_option(cfg: ZklConfig, group: str, option: str) -> ZklConfig:
+    """`cfg` with `conf/<group>/<option>.yaml` merged in (how cert builds its beds)."""
+    path = os.path.join(CONF_DIR, group, f"{option}.yaml")
+    if not os.path.exists(path):
+        choices = sorted(p[:-5] for p in os.listdir(os.path.join(CONF_DIR, group)))
+        raise ConfigError(
+            f"{group}={option!r} is not an option of conf/{group}; pick one of {choices}."
+        )
+    base = OmegaConf.structured(cfg)
+    base[group] = OmegaConf.merge(
+        OmegaConf.structured(type(getattr(cfg, group))), OmegaConf.load(path)
+    )
+    return OmegaConf.to_object(base)
+
+
+def _positive(value: float, key: str) -> None:
+    if value <= 0:
+        raise ConfigError(f"{key}={value} must be positive.")
+
+
+def validate(
+    cfg: ZklConfig, vocab_needed: int | None = None, positions_needed: int | None = None
+) -> None:
+    """Stop a config that cannot work before any work starts, naming the key to change."""
+    try:
+        validate_model(cfg.model)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if cfg.precision.compute_dtype not in ("bfloat16", "float32"):
+        raise ConfigError(
+            f"precision.compute_dtype={cfg.precision.compute_dtype!r} must be bfloat16 or float32."
+        )
+    if cfg.precision.linear_quant not in ("none", "mxfp8", "fp8_tensor"):
+        raise ConfigError(
+            f"precision.linear_quant={cfg.precision.linear_quant!r} must be none, mxfp8 or fp8_tensor."
+        )
+    if cfg.precision.native:
+        raise ConfigError(
+            "precision.native=true needs Transformer Engine's MXFP8 GEMMs on a Blackwell GPU, "
+            "which this machine lacks; set precision.native=false to use the exact emulation."
+        )
+    if cfg.precision.linear_quant == "mxfp8":
+        for key in ("hidden_size", "intermediate_size"):
+            if getattr(cfg.model, key) % 32:
+                raise ConfigError(f"model.{key} must be a multiple of 32 for precision=mxfp8.")
+        if cfg.model.is_moe and cfg.model.moe_intermediate_size % 32:
+            raise ConfigError("model.moe_intermediate_size must be a multiple of 32 for mxfp8.")
+        heads = cfg.model.num_attention_heads * cfg.model.head_dim
+        if heads % 32:
+            raise ConfigError(
+                "model.num_attention_heads * model.head_dim must be a multiple of 32."
+            )
+    if cfg.layout.name not in ("colocated", "dedicated"):
+        raise ConfigError(f"layout.name={cfg.layout.name!r} must be colocated or dedicated.")
+    if cfg.layout.backend not in ("gloo", "nccl"):
+        raise ConfigError(f"layout.backend={cfg.layout.backend!r} must be gloo or nccl.")
+    if cfg.layout.backend == "nccl":
+        raise ConfigError(
+            "layout.backend=nccl needs CUDA; the native engine runs on CPU: use gloo."
+        )
+    if cfg.engine.name != "native":
+        raise ConfigError(f"engine.name={cfg.engine.name!r} is not available; use native.")
+    if cfg.kv.mode not in ("recompute", "persist"):
+        raise ConfigError(f"kv.mode={cfg.kv.mode!r} must be recompute or persist.")
+    _positive(cfg.engine.max_batch_size, "engine.max_batch_size")
+    if cfg.engine.prefill_chunk < 0:
+        raise ConfigError(f"engine.prefill_chunk={cfg.engine.prefill_chunk} must be >= 0.")
+    _positive(cfg.engine.prefix_cache_blocks, "engine.prefix_cache_blocks")
+    _positive(cfg.sampling.temperature, "sampling.temperature")
+    if not 0 < cfg.sampling.top_p <= 1:
+        raise ConfigError(f"sampling.top_p={cfg.sampling.top_p} must be in (0, 1].")
+    if cfg.sampling.top_k < 0:
+        raise ConfigError(f"sampling.top_k={cfg.sampling.top_k} must be >= 0 (0 is off).")
+    _positive(cfg.sampling.max_new_tokens, "sampling.max_new_tokens")
+    for key in ("steps", "prompts_per_step", "samples_per_prompt", "lr", "num_minibatches"):
+        _positive(getattr(cfg.rl, key), f"rl.{key}")
+    if cfg.rl.score_micro_batch < 0:
+        raise ConfigError(f"rl.score_micro_batch={cfg.rl.score_micro_batch} must be >= 0.")
+    if cfg.rl.clip_eps <= 0 or cfg.rl.grad_clip <= 0 or cfg.rl.kl_coef < 0:
+        raise ConfigError("rl.clip_eps and rl.grad_clip must be positive and rl.kl_coef >= 0.")
+    if cfg.task.max_operand < 0 or cfg.task.max_operand > 9:
+        raise ConfigError(f"task.max_operand={cfg.task.max_operand} must be between 0 and 9.")
+    dump = cfg.tracking.dump_tokens
+    if dump != "all" and not (dump.isdigit()):
+        raise ConfigError(f"tracking.dump_tokens={dump!r} must be a count or 'all'.")
+    if cfg.tracking.wandb.mode not in ("offline", "online", "disabled"):
+        raise ConfigError(
+            f"tracking.wandb.mode={cfg.tracking.wandb.mode!r} must be offline, online or disabled."
+        )
+    if cfg.cert.steps < 0:
+        raise ConfigError(f"cert.steps={cfg.cert.steps} must be >= 0.")
+    if cfg.num_threads < 0:
+        raise ConfigError(f"num_threads={cfg.num_threads} must be >= 0 (0: torch's default).")
+    if vocab_needed is not None and cfg.model.vocab_size < vocab_needed:
+        raise ConfigError(
+            f"model.vocab_size={cfg.model.vocab_size} is smaller than the task tokenizer's "
+            f"{vocab_needed} tokens; raise model.vocab_size."
+        )
+    if positions_needed is not None and cfg.model.max_position_embeddings < positions_needed:
+        raise ConfigError(
+            f"model.max_position_embeddings={cfg.model.max_position_embeddings} is shorter than "
+            f"the {positions_needed} positions a prompt plus sampling.max_new_tokens needs."
+        )
+    assert set(FIXES) <= set(vars(FixesConfig())), "every registered fix needs a fixes.<name> key"

@@ -1,0 +1,45 @@
+"""KV cache: one buffer pair per layer, one row ("slot") per running request."""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        num_kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        dtype: torch.dtype,
+    ):
+        shape = (num_layers, num_slots, num_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype)  # [L, S, Hkv, max_len, D]
+        self.v = torch.zeros(shape, dtype=dtype)
+        self.max_len = max_len
+
+    def update(
+        self,
+        layer: int,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v [B, Hkv, T, D] at `positions` [B, T] of `slots` [B]; return the rows' cache."""
+        rows = slots.unsqueeze(-1).expand_as(positions)  # [B, T]
+        self.k[layer, rows, :, positions] = k.transpose(1, 2).to(self.k.dtype)
+        self.v[layer, rows, :, positions] = v.transpose(1, 2).to(self.v.dtype)
+        return self.k[layer, slots], self.v[layer, slots]
+
+    def read(self, layer: int, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V [Hkv, length, D] of one slot's first `length` positions (for the prefix cache)."""
+        return self.k[layer, slot, :, :length].clone(), self.v[layer, slot, :, :length].clone()
+
+    def write(self, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Place K, V [Hkv, n, D] at positions 0..n-1 of `slot`."""
+        n = k.shape[1]
+        self.k[layer, slot, :, :n] = k
+        self.v[layer, slot, :, :n] = v

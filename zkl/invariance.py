@@ -1,0 +1,124 @@
+"""The named fixes (DESIGN.md section 4) and the one scoped switch that turns them on.
+
+Every mismatch source is a registry entry with a stable name, its cause and its remedy.
+Code that has a fast path and an invariant path asks `is_enabled(name)`; the trainer and
+the generator run inside the same `enabled(...)` scope, so a sweep can turn one fix off
+(`fixes.<name>=false`) and attribute the gap to that source.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Fix:
+    name: str
+    cause: str
+    remedy: str
+    test: str  # the test that shows the mismatch with the fix off and zero with it on
+
+
+FIXES: dict[str, Fix] = {}
+
+
+def register(name: str, cause: str, remedy: str, test: str) -> Fix:
+    if name in FIXES:
+        raise KeyError(f"fix {name!r} is registered twice")
+    FIXES[name] = Fix(name, cause, remedy, test)
+    return FIXES[name]
+
+
+register(
+    "batch_invariant_gemm",
+    "the GEMM kernel and its K-reduction order are chosen by the row count M",
+    "every GEMM runs on fixed 16-row tiles, so a row's result never depends on M",
+    "tests/test_ops.py::test_gemm_rows_independent_of_batch",
+)
+register(
+    "batch_invariant_reductions",
+    "norm / softmax-sum reductions may split a row differently by shape",
+    "row sums are a fixed pairwise tree of elementwise adds",
+    "tests/test_ops.py::test_rms_norm_reduction_order",
+)
+register(
+    "attention_fixed_split",
+    "decode attention (1 query vs the cache) reduces keys in another order than prefill",
+    "KV goes to the cache first; one kernel walks keys in fixed blocks of 16 from position 0",
+    "tests/test_ops.py::test_attention_decode_equals_prefill",
+)
+register(
+    "logprob_path",
+    "the generator computes logprobs of processed logits in the model dtype",
+    "one shared fp32 log-softmax of raw logits / temperature for generator and trainer",
+    "tests/test_generation.py::test_logprob_path_fix",
+)
+register(
+    "moe_combine_order",
+    "expert outputs are added in dispatch order, in the activation dtype, with a bf16 router",
+    "fp32 router, stable top-k tie-break, fp32 combine per token in top-k slot order",
+    "tests/test_ops.py::test_moe_combine_independent_of_dispatch_order",
+)
+register(
+    "kv_invalidate_on_refit",
+    "prefix-cache KV computed with old weights is reused after a refit",
+    "cache entries carry the weight version; a lookup only hits the current version",
+    "tests/test_rl.py::test_stale_prefix_cache_after_refit",
+)
+register(
+    "refit_exactness",
+    "refit converts every tensor to the generator dtype (fp32 norms/router become bf16)",
+    "refit copies exactly the tensors the trainer's forward used, bit for bit, all or nothing",
+    "tests/test_rl.py::test_refit_exactness",
+)
+
+register(
+    "quantized_weight_refresh",
+    "the generator's cached quantized weights keep their pre-refit values",
+    "every refit drops the cache, so weights are re-quantized from the refitted values",
+    "tests/test_precision.py::test_stale_quantized_weights_after_refit",
+)
+
+_active: frozenset[str] = frozenset()
+
+
+def resolve(zero_train_gen_mismatch: bool, overrides: Mapping[str, bool | None]) -> frozenset[str]:
+    """The set of fixes on: the master switch, then each non-null `fixes.<name>` override."""
+    unknown = set(overrides) - set(FIXES)
+    if unknown:
+        raise ValueError(f"fixes.{sorted(unknown)[0]} is not a known fix; known: {sorted(FIXES)}.")
+    on = set(FIXES) if zero_train_gen_mismatch else set()
+    for name, value in overrides.items():
+        if value is True:
+            on.add(name)
+        elif value is False:
+            on.discard(name)
+    return frozenset(on)
+
+
+@contextlib.contextmanager
+def enabled(names: Iterable[str]) -> Iterator[frozenset[str]]:
+    """Turn exactly `names` on for the duration of the block; the previous set comes back."""
+    global _active
+    names = frozenset(names)
+    unknown = names - set(FIXES)
+    if unknown:
+        raise ValueError(f"unknown fixes {sorted(unknown)}")
+    previous = _active
+    _active = names
+    try:
+        yield names
+    finally:
+        _active = previous
+
+
+def is_enabled(name: str) -> bool:
+    if name not in FIXES:
+        raise KeyError(f"unknown fix {name!r}")
+    return name in _active
+
+
+def active() -> frozenset[str]:
+    return _active

@@ -1,0 +1,73 @@
+"""Where the generation engine runs relative to the trainer, and how weights reach it."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from zkl.generation.engine import Completion, EngineStats, GenerationEngine, Request
+from zkl.invariance import is_enabled
+from zkl.models import build_model
+from zkl.precision import DTYPES
+
+
+class Generator(Protocol):
+    """What the training loop needs from a generation engine, wherever it runs."""
+
+    def generate(self, requests: list[Request]) -> tuple[list[Completion], EngineStats]: ...
+
+    def refit(self, state: dict[str, torch.Tensor], version: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def refit_payload(
+    state: dict[str, torch.Tensor], gen_dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
+    """What a refit sends: the trainer's exact tensors, or (fix off) all cast to `gen_dtype`."""
+    if is_enabled("refit_exactness"):
+        return state
+    return {k: v.to(gen_dtype) if v.is_floating_point() else v for k, v in state.items()}
+
+
+def load_refit(model: torch.nn.Module, payload: dict[str, torch.Tensor]) -> None:
+    """Copy a complete payload into the model's parameters in place, or change nothing."""
+    params = dict(model.named_parameters())
+    if set(params) != set(payload):
+        missing = sorted(set(params) ^ set(payload))
+        raise RuntimeError(f"refit payload does not match the model's parameters: {missing[:4]}")
+    for name, p in params.items():
+        if p.shape != payload[name].shape:
+            raise RuntimeError(f"refit tensor {name} has shape {tuple(payload[name].shape)}")
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(payload[name])
+
+
+def build_engine(cfg, model: torch.nn.Module, eos_id: int) -> GenerationEngine:
+    return GenerationEngine(
+        model,
+        max_batch_size=cfg.engine.max_batch_size,
+        eos_id=eos_id,
+        kv_mode=cfg.kv.mode,
+        prefill_chunk=cfg.engine.prefill_chunk,
+        prefix_cache_blocks=cfg.engine.prefix_cache_blocks,
+    )
+
+
+def build_generation_model(cfg) -> torch.nn.Module:
+    """The generator's own copy of the architecture (weights arrive with the first refit)."""
+    return build_model(
+        cfg.model, DTYPES[cfg.precision.compute_dtype], cfg.precision.linear_quant, seed=cfg.seed
+    )
+
+
+def build_generator(cfg, policy, eos_id: int) -> Generator:
+    if cfg.layout.name == "dedicated":
+        from zkl.layouts.dedicated import DedicatedGenerator
+
+        return DedicatedGenerator(cfg, eos_id)
+    from zkl.layouts.colocated import ColocatedGenerator
+
+    return ColocatedGenerator(cfg, policy, eos_id)

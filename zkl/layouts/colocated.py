@@ -1,0 +1,36 @@
+"""Colocated: the generator runs in the trainer's process on the trainer's own weights."""
+
+from __future__ import annotations
+
+import torch
+
+from zkl.generation.engine import Completion, EngineStats, Request
+from zkl.invariance import is_enabled
+from zkl.layouts import build_engine, build_generation_model, load_refit, refit_payload
+from zkl.precision import DTYPES
+
+
+class ColocatedGenerator:
+    """Shares the trainer's model object, so a refit moves no bytes.
+
+    With `refit_exactness` off it keeps its own copy, loaded the lossy way a converting
+    refit would (every tensor cast to the compute dtype).
+    """
+
+    def __init__(self, cfg, policy, eos_id: int):
+        self.shared = is_enabled("refit_exactness")
+        model = policy.model if self.shared else build_generation_model(cfg)
+        self.engine = build_engine(cfg, model, eos_id)
+        self.gen_dtype = DTYPES[cfg.precision.compute_dtype]
+
+    def generate(self, requests: list[Request]) -> tuple[list[Completion], EngineStats]:
+        completions = self.engine.generate(requests)
+        return completions, self.engine.stats
+
+    def refit(self, state: dict[str, torch.Tensor], version: int) -> None:
+        if not self.shared:
+            load_refit(self.engine.model, refit_payload(state, self.gen_dtype))
+        self.engine.on_refit(version)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,26 @@
+"""Native model family: Qwen2, Qwen3 dense, Qwen3-MoE."""
+
+from __future__ import annotations
+
+import torch
+
+from zkl.models.config import ModelConfig, validate_model
+from zkl.models.transformer import Transformer, init_weights
+from zkl.precision import apply_precision
+
+__all__ = ["ModelConfig", "Transformer", "build_model", "validate_model"]
+
+
+def build_model(
+    cfg: ModelConfig, compute_dtype: torch.dtype, linear_quant: str = "none", seed: int = 0
+) -> Transformer:
+    """The model in its compute dtype: seeded random init, or `cfg.checkpoint` if set."""
+    model = Transformer(cfg)
+    if cfg.checkpoint:
+        from zkl.models.hf_checkpoint import load_state_dict
+
+        model.load_state_dict(load_state_dict(cfg.checkpoint, cfg), strict=True)
+    else:
+        init_weights(model, seed)
+    apply_precision(model, compute_dtype, linear_quant)
+    return model

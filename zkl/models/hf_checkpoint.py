@@ -1,0 +1,274 @@
+"""Read a Hugging Face Qwen2 / Qwen3 / Qwen3-MoE checkpoint directory into zkl's names.
+
+A checkpoint is a directory with `config.json` and `*.safetensors` (one file, or shards listed
+in `model.safetensors.index.json`). zkl's parameter names are HF's without the `model.`
+prefix; the only real mapping is the MoE experts, which may be stored per expert (the layout
+of released Qwen3-MoE checkpoints and what `save_pretrained` of transformers 5 writes, since
+it converts back on save) or fused as in transformers 5's in-memory module
+(`mlp.experts.gate_up_proj` [E, 2*I, H] with gate rows first, `mlp.experts.down_proj`
+[E, H, I]; the transposed forms [E, H, 2*I] / [E, I, H] are accepted too).
+
+Nothing here imports transformers: the reader is plain JSON + safetensors.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+
+from zkl.models.config import ModelConfig, validate_model
+
+SUPPORTED = ("qwen2", "qwen3", "qwen3_moe")
+INDEX_FILE = "model.safetensors.index.json"
+
+# Keys some (older) checkpoints carry that are not weights: recomputed from the config.
+_IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
+_FUSED_EXPERTS = re.compile(r"^layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$")
+
+
+def _read_config(path: Path) -> dict:
+    if not path.is_dir():
+        raise ValueError(f"checkpoint {str(path)!r} is not a directory (need config.json).")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ValueError(f"checkpoint {str(path)!r} has no config.json.")
+    with open(config_file) as f:
+        return json.load(f)
+
+
+def _rope_theta(hf: dict) -> float:
+    """rope_theta from transformers 5 `rope_parameters` or legacy `rope_theta`/`rope_scaling`."""
+    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    if not isinstance(params, dict):
+        raise TypeError(f"config.json rope_parameters={params!r} is not a dict.")
+    if "rope_theta" not in params and any(isinstance(v, dict) for v in params.values()):
+        raise ValueError(
+            "config.json has per-layer-type rope_parameters; zkl supports one default RoPE."
+        )
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in (None, "default"):
+        raise ValueError(
+            f"config.json rope type {rope_type!r} (rope scaling) is not supported; zkl "
+            "implements plain RoPE only (rope_type 'default')."
+        )
+    factor = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if factor not in (None, 1, 1.0):
+        raise ValueError(f"config.json partial_rotary_factor={factor} is not supported (need 1).")
+    return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+
+
+def model_config_from_hf(path: str | Path, name: str | None = None) -> ModelConfig:
+    """The ModelConfig of an HF checkpoint directory (`checkpoint` set to `path`)."""
+    path = Path(path)
+    hf = _read_config(path)
+    family = hf.get("model_type")
+    if family not in SUPPORTED:
+        raise ValueError(
+            f"config.json model_type={family!r} is not supported; zkl reads {list(SUPPORTED)}."
+        )
+    if hf.get("quantization_config"):
+        method = hf["quantization_config"].get("quant_method", "?")
+        raise ValueError(f"quantized checkpoints ({method}) are not supported; use bf16/fp32.")
+    if hf.get("use_sliding_window"):
+        raise ValueError(
+            "config.json use_sliding_window=true: sliding-window attention is not supported."
+        )
+    if any(t != "full_attention" for t in hf.get("layer_types") or []):
+        raise ValueError(
+            f"config.json layer_types={hf['layer_types']} has non-full attention layers; "
+            "zkl supports full attention only."
+        )
+    act = hf.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"config.json hidden_act={act!r} is not supported (SwiGLU with silu).")
+
+    hidden = hf["hidden_size"]
+    heads = hf["num_attention_heads"]
+    if family == "qwen2":
+        qkv_bias = True  # Qwen2 hard-codes bias on q/k/v (and none on o_proj)
+        qk_norm = False
+    else:
+        if hf.get("attention_bias", False):
+            # HF Qwen3 puts `bias=attention_bias` on o_proj as well; zkl's o_proj has no bias.
+            raise ValueError(
+                f"config.json attention_bias=true is not supported for {family}: it also adds "
+                "an o_proj bias, which zkl's Attention does not have."
+            )
+        qkv_bias = False
+        qk_norm = True
+    cfg = ModelConfig(
+        name=name or path.resolve().name,
+        family=family,
+        vocab_size=hf["vocab_size"],
+        hidden_size=hidden,
+        num_hidden_layers=hf["num_hidden_layers"],
+        num_attention_heads=heads,
+        num_key_value_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=hf.get("head_dim") or hidden // heads,
+        intermediate_size=hf["intermediate_size"],
+        rope_theta=_rope_theta(hf),
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=hf["max_position_embeddings"],
+        qkv_bias=qkv_bias,
+        qk_norm=qk_norm,
+        # Default of all three HF config classes when the key is absent.
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        checkpoint=str(path),
+    )
+    if family == "qwen3_moe":
+        # transformers 5 writes `num_local_experts` (attribute_map of num_experts).
+        num_experts = hf.get("num_experts", hf.get("num_local_experts"))
+        if not num_experts:
+            raise ValueError("config.json of a qwen3_moe model has no num_experts.")
+        cfg.num_experts = num_experts
+        cfg.num_experts_per_tok = hf["num_experts_per_tok"]
+        cfg.moe_intermediate_size = hf["moe_intermediate_size"]
+        cfg.norm_topk_prob = bool(hf.get("norm_topk_prob", False))  # HF default: false
+        cfg.decoder_sparse_step = hf.get("decoder_sparse_step", 1)
+        cfg.mlp_only_layers = list(hf.get("mlp_only_layers") or [])
+    validate_model(cfg)
+    return cfg
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    index = path / INDEX_FILE
+    if index.is_file():
+        with open(index) as f:
+            names = sorted(set(json.load(f)["weight_map"].values()))
+        missing = [n for n in names if not (path / n).is_file()]
+        if missing:
+            raise ValueError(f"{INDEX_FILE} in {str(path)!r} lists missing shards {missing}.")
+        return [path / n for n in names]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"checkpoint {str(path)!r} has no *.safetensors file.")
+    return files
+
+
+def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    tensors: dict[str, torch.Tensor] = {}
+    for file in _safetensors_files(path):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            names = f.keys()
+            for key in names:
+                if key in tensors:
+                    raise ValueError(f"tensor {key!r} appears in more than one safetensors file.")
+                tensors[key] = f.get_tensor(key)
+    return tensors
+
+
+def _shape(t: torch.Tensor) -> list[int]:
+    return list(t.shape)
+
+
+def _unfuse_experts(
+    key: str, tensor: torch.Tensor, cfg: ModelConfig, out: dict[str, torch.Tensor]
+) -> None:
+    """Split a fused experts tensor into zkl's per-expert gate/up/down weights."""
+    layer, kind = _FUSED_EXPERTS.match(key).groups()
+    prefix = f"layers.{layer}.mlp.experts"
+    e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+    shape = tuple(tensor.shape)
+    if kind == "gate_up_proj":
+        # transformers 5: [E, 2I, H], linear(x, W[e]).chunk(2) -> gate first; when 2I == H
+        # the shape is ambiguous and this (the transformers 5) layout is taken.
+        if shape == (e, 2 * i, h):
+            fused = tensor
+        elif shape == (e, h, 2 * i):  # x @ W[e] form
+            fused = tensor.transpose(1, 2)
+        else:
+            raise ValueError(
+                f"checkpoint tensor model.{key} has shape {list(shape)}; config.json implies "
+                f"{[e, 2 * i, h]} (or {[e, h, 2 * i]})."
+            )
+        for x in range(e):
+            out[f"{prefix}.{x}.gate_proj.weight"] = fused[x, :i]
+            out[f"{prefix}.{x}.up_proj.weight"] = fused[x, i:]
+    else:
+        if shape == (e, h, i):  # transformers 5: linear(h, W[e]); preferred when H == I
+            fused = tensor
+        elif shape == (e, i, h):
+            fused = tensor.transpose(1, 2)
+        else:
+            raise ValueError(
+                f"checkpoint tensor model.{key} has shape {list(shape)}; config.json implies "
+                f"{[e, h, i]} (or {[e, i, h]})."
+            )
+        for x in range(e):
+            out[f"{prefix}.{x}.down_proj.weight"] = fused[x]
+
+
+def _expected_shapes(cfg: ModelConfig) -> dict[str, list[int]]:
+    """Names and shapes of zkl's state dict for `cfg`, from the model itself (meta device)."""
+    from zkl.models.transformer import Transformer
+
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    return {k: list(v.shape) for k, v in model.state_dict().items()}
+
+
+def _name_list(names: list[str], limit: int = 8) -> str:
+    names = sorted(names)
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def load_state_dict(path: str | Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """All weights of the checkpoint under zkl's parameter names, as fp32 tensors."""
+    path = Path(path)
+    raw = _read_tensors(path)
+    sd: dict[str, torch.Tensor] = {}
+    for hf_key, tensor in raw.items():
+        key = hf_key.removeprefix("model.")
+        if _IGNORED.search(key):
+            continue
+        if cfg.is_moe and _FUSED_EXPERTS.match(key):
+            parts: dict[str, torch.Tensor] = {}
+            _unfuse_experts(key, tensor, cfg, parts)
+            clash = set(parts) & set(sd)
+            if clash:
+                raise ValueError(
+                    f"checkpoint has experts both fused (model.{key}) and per expert "
+                    f"({_name_list(list(clash), 2)})."
+                )
+            sd.update(parts)
+            continue
+        if key in sd:
+            raise ValueError(
+                f"checkpoint tensor {hf_key!r} maps to {key!r}, which another tensor already "
+                "gave (experts both fused and per expert, or keys with and without 'model.')."
+            )
+        sd[key] = tensor
+
+    expected = _expected_shapes(cfg)
+    if cfg.tie_word_embeddings and "embed_tokens.weight" in sd:
+        # HF ties lm_head to the embedding (any saved lm_head copy is the same tensor).
+        sd["lm_head.weight"] = sd["embed_tokens.weight"]
+    missing = set(expected) - set(sd)
+    unexpected = set(sd) - set(expected)
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing keys: {_name_list(list(missing))}")
+        if unexpected:
+            parts.append(f"unexpected keys: {_name_list(list(unexpected))}")
+        raise ValueError(
+            f"checkpoint {str(path)!r} does not match its {cfg.family} config ({'; '.join(parts)})."
+        )
+    bad = [
+        f"{k}: checkpoint {_shape(sd[k])} vs config {expected[k]}"
+        for k in sorted(expected)
+        if _shape(sd[k]) != expected[k]
+    ]
+    if bad:
+        raise ValueError(
+            f"checkpoint {str(path)!r} tensor shapes do not match config.json: "
+            + "; ".join(bad[:8])
+            + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
+        )
+    return {k: v.to(torch.float32).contiguous() for k, v in sd.items()}

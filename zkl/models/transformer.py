@@ -1,0 +1,220 @@
+"""Qwen2 / Qwen3 / Qwen3-MoE decoder: one definition for the train path and the gen path.
+
+The forward takes absolute positions and, on the gen path, a KV cache with the cache slots
+of the rows; it writes K/V to the cache *before* attention, so prefill and decode read keys
+the same way the train path does.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from zkl import ops
+from zkl.invariance import is_enabled
+from zkl.models.config import ModelConfig
+from zkl.precision import linear_weight_and_input
+
+
+class Linear(nn.Module):
+    """y = x W^T + b through `zkl.ops.linear`; the precision recipe may quantize W and x."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, quantizable: bool = True):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        self.quantizable = quantizable  # embedding, lm_head, router are never quantized
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight, x = linear_weight_and_input(self, x)
+        return ops.linear(x, weight, self.bias)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.rms_norm(x, self.weight, self.eps)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables built once for every position, so a position's angles never vary."""
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)
+        angles = torch.cat([angles, angles], dim=-1)
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x [B, H, T, D], positions [B, T]."""
+        cos = self.cos[positions].unsqueeze(1)  # [B, 1, T, D]
+        sin = self.sin[positions].unsqueeze(1)
+        xf = x.float()
+        half = xf.shape[-1] // 2
+        rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
+        return (xf * cos + rotated * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.q_proj = Linear(cfg.hidden_size, self.num_heads * self.head_dim, cfg.qkv_bias)
+        self.k_proj = Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, cfg.qkv_bias)
+        self.v_proj = Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, cfg.qkv_bias)
+        self.o_proj = Linear(self.num_heads * self.head_dim, cfg.hidden_size, False)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+
+    def forward(self, x, positions, rope, cache=None, slots=None) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        q = self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
+        q, k = rope(q, positions), rope(k, positions)
+        if cache is not None:
+            k, v = cache.update(self.layer, slots, positions, k, v)  # all cached keys of the rows
+        out = ops.attention(q, k, v, positions)  # [B, H, T, D]
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_proj = Linear(hidden, intermediate, False)
+        self.up_proj = Linear(hidden, intermediate, False)
+        self.down_proj = Linear(intermediate, hidden, False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class SparseMoE(nn.Module):
+    """Qwen3-MoE block: softmax router, top-k, renormalised weights, SwiGLU experts."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.top_k = cfg.num_experts_per_tok
+        self.norm_topk_prob = cfg.norm_topk_prob
+        self.gate = Linear(cfg.hidden_size, cfg.num_experts, False, quantizable=False)
+        self.experts = nn.ModuleList(
+            MLP(cfg.hidden_size, cfg.moe_intermediate_size) for _ in range(cfg.num_experts)
+        )
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, H] -> (expert ids [N, k], fp32 weights [N, k])."""
+        fixed = is_enabled("moe_combine_order")
+        router_in = x.float() if fixed else x
+        weight = self.gate.weight.float() if fixed else self.gate.weight.to(x.dtype)
+        probs = torch.softmax(ops.linear(router_in, weight, None).float(), dim=-1)
+        if fixed:  # stable sort: equal probabilities resolve to the lower expert id
+            top_w, top_i = probs.sort(dim=-1, descending=True, stable=True)
+            top_w, top_i = top_w[:, : self.top_k], top_i[:, : self.top_k]
+        else:
+            top_w, top_i = probs.topk(self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            top_w = top_w / top_w.sum(-1, keepdim=True)
+        return top_i, top_w
+
+    def forward(self, x: torch.Tensor, expert_order: list[int] | None = None) -> torch.Tensor:
+        """`expert_order` (tests only) visits experts in another order, as GPU dispatch may."""
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        top_i, top_w = self.route(x)
+        order = expert_order if expert_order is not None else range(len(self.experts))
+        if is_enabled("moe_combine_order"):
+            slots = x.new_zeros(x.shape[0], self.top_k, shape[-1], dtype=torch.float32)
+            for e in order:
+                rows, slot = torch.nonzero(top_i == e, as_tuple=True)
+                if rows.numel():
+                    slots[rows, slot] = self.experts[e](x[rows]).float()
+            weighted = slots * top_w.unsqueeze(-1)
+            out = weighted[:, 0]
+            for s in range(1, self.top_k):  # fixed order: top-k slot 0, 1, ...
+                out = out + weighted[:, s]
+            out = out.to(x.dtype)
+        else:
+            out = torch.zeros_like(x)
+            for e in order:
+                rows, slot = torch.nonzero(top_i == e, as_tuple=True)
+                if rows.numel():
+                    y = self.experts[e](x[rows]) * top_w[rows, slot].unsqueeze(-1).to(x.dtype)
+                    out = out.index_add(0, rows, y)
+        return out.reshape(shape)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = (
+            SparseMoE(cfg)
+            if cfg.layer_is_moe(layer)
+            else MLP(cfg.hidden_size, cfg.intermediate_size)
+        )
+
+    def forward(self, x, positions, rope, cache=None, slots=None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, rope, cache, slots)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, False, quantizable=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache=None,
+        slots: torch.Tensor | None = None,
+        logit_index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """tokens, positions [B, T] -> logits [B, T, V] (or [B, V] at `logit_index` [B]).
+
+        With `cache` (gen path), K/V of these tokens go to the cache rows `slots` [B] and
+        attention reads every cached key of the row; without it (train path), the row's
+        own tokens are its keys and positions must be 0..T-1.
+        """
+        x = self.embed_tokens(tokens)
+        for block in self.layers:
+            x = block(x, positions, self.rope, cache, slots)
+        if logit_index is not None:
+            x = x[torch.arange(x.shape[0], device=x.device), logit_index]
+        return self.lm_head(self.norm(x))
+
+
+def init_weights(model: Transformer, seed: int) -> None:
+    """Seeded random init (normal(0, init_std) for matrices, ones for norms, zero biases)."""
+    gen = torch.Generator().manual_seed(seed)
+    std = model.cfg.init_std
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name:
+                p.fill_(1.0)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * std)

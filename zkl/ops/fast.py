@@ -1,0 +1,33 @@
+"""The ordinary fast PyTorch path: what a default engine does, mismatch and all."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return F.linear(x, weight, bias)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (out * weight.float()).to(x.dtype)
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor
+) -> torch.Tensor:
+    """SDPA: `is_causal` when queries are the keys (scoring, whole prefill), else a mask."""
+    num_q = q.shape[2]
+    num_keys = int(q_pos.max().item()) + 1
+    k, v = k[:, :, :num_keys], v[:, :, :num_keys]
+    enable_gqa = q.shape[1] != k.shape[1]
+    starts_at_zero = bool((q_pos == torch.arange(num_q, device=q.device)).all())
+    if starts_at_zero and num_keys == num_q:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=enable_gqa)
+    mask = torch.arange(num_keys, device=q.device) <= q_pos.unsqueeze(-1)  # [B, Tq, Tk]
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask.unsqueeze(1), enable_gqa=enable_gqa
+    )

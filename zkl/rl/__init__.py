@@ -1,0 +1,1 @@
+"""The shared GRPO training loop and its parts (task, advantages, loss, policy update)."""

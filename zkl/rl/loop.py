@@ -1,0 +1,141 @@
+"""The one training loop every engine and layout uses.
+
+One step: rollout (gen path) -> score (train path) -> mismatch metrics -> GRPO update ->
+refit. Metrics of every step land in the run directory before the next step starts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from zkl import invariance
+from zkl.config import ZklConfig, validate
+from zkl.generation.engine import Completion, Request
+from zkl.generation.sampling import SamplingParams
+from zkl.layouts import build_generator
+from zkl.metrics import mismatch_metrics
+from zkl.rl.grpo import group_advantages
+from zkl.rl.policy import Policy, UpdateBatch
+from zkl.rl.task import build_task
+from zkl.scoring import score
+from zkl.tracking.run_log import RunLog
+
+TIMING_PREFIXES = ("timing/", "perf/")
+
+
+@dataclass
+class Rollout:
+    completions: list[Completion]
+    lp_train: list[torch.Tensor]
+
+
+def make_requests(cfg: ZklConfig, task, step: int) -> tuple[list, list[Request]]:
+    """G samples of each prompt of this step; each request's seed is fixed by (seed, step, i)."""
+    rl, sp = cfg.rl, cfg.sampling
+    problems = task.problems(cfg.seed, step, rl.prompts_per_step)
+    requests = []
+    for p_index, problem in enumerate(problems):
+        prompt = task.prompt(problem)
+        for g in range(rl.samples_per_prompt):
+            i = p_index * rl.samples_per_prompt + g
+            seed = (cfg.seed * 1_000_003 + step * 10_007 + i) % (2**63)
+            params = SamplingParams(sp.temperature, sp.top_p, sp.top_k, sp.max_new_tokens, seed)
+            requests.append(Request(i, prompt, params))
+    return problems, requests
+
+
+def token_records(step: int, completions, lp_train, rewards, limit: str) -> list[dict[str, Any]]:
+    count = len(completions) if limit == "all" else min(int(limit), len(completions))
+    return [
+        {
+            "step": step,
+            "sample": c.request_id,
+            "prompt": c.prompt,
+            "response": c.tokens,
+            "lp_gen": c.logprobs.tolist(),
+            "lp_train": lp.tolist(),
+            "reward": r,
+        }
+        for c, lp, r in zip(completions[:count], lp_train[:count], rewards[:count])
+    ]
+
+
+def run(cfg: ZklConfig, run_dir: str | Path, progress: bool | None = None) -> list[dict[str, Any]]:
+    """Run `cfg.rl.steps` GRPO steps; return the metric rows (also in run_dir/metrics.jsonl)."""
+    task = build_task(cfg.task.name, cfg.task.max_operand)
+    validate(
+        cfg,
+        vocab_needed=len(task.tokenizer),
+        positions_needed=task.max_prompt_len + cfg.sampling.max_new_tokens,
+    )
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    fixes = invariance.resolve(cfg.zero_train_gen_mismatch, vars(cfg.fixes))
+    rows: list[dict[str, Any]] = []
+    log = RunLog(run_dir, cfg)
+    generator = None
+    try:
+        with invariance.enabled(fixes):
+            policy = Policy(cfg)
+            generator = build_generator(cfg, policy, task.tokenizer.eos_id)
+            generator.refit(policy.refit_state(), policy.version)
+            show = cfg.tracking.progress if progress is None else progress
+            for step in tqdm(range(cfg.rl.steps), desc="grpo", disable=not show):
+                row = train_step(cfg, task, policy, generator, step, log)
+                rows.append(row)
+    finally:
+        if generator is not None:
+            generator.close()
+        log.close()
+    return rows
+
+
+def train_step(cfg: ZklConfig, task, policy: Policy, generator, step: int, log: RunLog) -> dict:
+    """rollout -> score -> metrics -> update -> refit, logged before returning."""
+    problems, requests = make_requests(cfg, task, step)
+    t0 = time.perf_counter()
+    completions, stats = generator.generate(requests)
+    t1 = time.perf_counter()
+    prompts = [c.prompt for c in completions]
+    responses = [c.tokens for c in completions]
+    temps = [r.params.temperature for r in requests]
+    lp_train = score(policy.model, prompts, responses, temps, cfg.rl.score_micro_batch)
+    t2 = time.perf_counter()
+    lp_gen = torch.cat([c.logprobs for c in completions])
+    row: dict[str, Any] = mismatch_metrics(torch.cat(lp_train), lp_gen)
+    group = cfg.rl.samples_per_prompt
+    rewards = [task.reward(problems[i // group], c.tokens) for i, c in enumerate(completions)]
+    reward_t = torch.tensor(rewards)
+    batch = UpdateBatch(prompts, responses, lp_train, group_advantages(reward_t, group), temps)
+    row.update(policy.update(batch))
+    t3 = time.perf_counter()
+    generator.refit(policy.refit_state(), policy.version)
+    t4 = time.perf_counter()
+    num_tokens = lp_gen.numel()
+    train_tokens = sum(len(p) + len(r) for p, r in zip(prompts, responses))
+    row.update(
+        {
+            "reward/mean": reward_t.mean().item(),
+            "reward/exact_frac": (reward_t == 1.0).float().mean().item(),
+            "gen/response_len_mean": num_tokens / len(completions),
+            "gen/response_tokens": num_tokens,
+            "gen/decode_steps": stats.decode_steps,
+            "gen/prefix_hit_tokens": stats.prefix_hit_tokens,
+            "weights/version": policy.version,
+            "timing/gen_s": t1 - t0,
+            "timing/score_s": t2 - t1,
+            "timing/update_s": t3 - t2,
+            "timing/refit_s": t4 - t3,
+            "perf/gen_tokens_per_s": num_tokens / (t1 - t0),
+            "perf/train_tokens_per_s": train_tokens / (t2 - t1),
+        }
+    )
+    log.log(step, row)
+    log.log_tokens(token_records(step, completions, lp_train, rewards, cfg.tracking.dump_tokens))
+    return row

@@ -1,0 +1,108 @@
+"""The trainer's side: the policy model, fp32 master weights, AdamW, and refit weights."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+
+from zkl.models import build_model
+from zkl.precision import DTYPES
+from zkl.rl.grpo import clipped_pg_loss
+from zkl.scoring import pad_sequences, sequence_logprobs
+
+
+@dataclass
+class UpdateBatch:
+    prompts: list[list[int]]
+    responses: list[list[int]]
+    old_logprobs: list[torch.Tensor]  # train-path logprobs of each response
+    advantages: torch.Tensor  # [N]
+    temperatures: list[float]
+
+
+class Policy:
+    """The model the trainer's forward uses, and the optimizer that updates it.
+
+    With `master_weights_fp32` and a bf16 model, AdamW steps an fp32 copy of every
+    parameter and the model's bf16 parameters are overwritten in place from it.
+    """
+
+    def __init__(self, cfg) -> None:
+        self.cfg = cfg
+        self.compute_dtype = DTYPES[cfg.precision.compute_dtype]
+        self.model = build_model(
+            cfg.model, self.compute_dtype, cfg.precision.linear_quant, seed=cfg.seed
+        )
+        self.params = [p for p in self.model.parameters()]
+        use_master = cfg.precision.master_weights_fp32 and any(
+            p.dtype != torch.float32 for p in self.params
+        )
+        self.masters = (
+            [p.detach().float().clone().requires_grad_(True) for p in self.params]
+            if use_master
+            else self.params
+        )
+        self.optimizer = torch.optim.AdamW(
+            self.masters,
+            lr=cfg.rl.lr,
+            betas=tuple(cfg.rl.betas),
+            weight_decay=cfg.rl.weight_decay,
+        )
+        self.reference = copy.deepcopy(self.model).eval() if cfg.rl.kl_coef > 0 else None
+        self.version = 0
+
+    def refit_state(self) -> dict[str, torch.Tensor]:
+        """Exactly the tensors the trainer's forward uses (shared storage, no copy)."""
+        return {name: p.detach() for name, p in self.model.named_parameters()}
+
+    def update(self, batch: UpdateBatch) -> dict[str, float]:
+        """One optimizer step per minibatch on the clipped PG loss; returns its statistics."""
+        rl = self.cfg.rl
+        before = [m.detach().clone() for m in self.masters]
+        count = len(batch.prompts)
+        bounds = torch.linspace(0, count, rl.num_minibatches + 1).long().tolist()
+        stats: dict[str, float] = {}
+        losses, grad_norms = [], []
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            tokens, mask = pad_sequences(batch.prompts[lo:hi], batch.responses[lo:hi])
+            mask = mask[:, :-1]
+            old = torch.zeros(mask.shape)
+            for i, lp in enumerate(batch.old_logprobs[lo:hi]):
+                old[i][mask[i]] = lp
+            temps = torch.tensor(batch.temperatures[lo:hi])
+            logprobs = sequence_logprobs(self.model, tokens, temps)
+            ref = None
+            if self.reference is not None:
+                with torch.no_grad():
+                    ref = sequence_logprobs(self.reference, tokens, temps)
+            loss, loss_stats = clipped_pg_loss(
+                logprobs, old, batch.advantages[lo:hi], mask, rl.clip_eps, ref, rl.kl_coef
+            )
+            self.optimizer.zero_grad(set_to_none=True)
+            for p in self.params:
+                p.grad = None
+            loss.backward()
+            if self.masters is not self.params:
+                for m, p in zip(self.masters, self.params):
+                    m.grad = None if p.grad is None else p.grad.float()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.masters, rl.grad_clip)
+            self.optimizer.step()
+            if self.masters is not self.params:
+                with torch.no_grad():
+                    for m, p in zip(self.masters, self.params):
+                        p.copy_(m)
+            losses.append(loss.item())
+            grad_norms.append(grad_norm.item())
+            stats.update(loss_stats)
+        update_sq = sum(((m.detach() - b) ** 2).sum() for m, b in zip(self.masters, before))
+        self.version += 1
+        stats.update(
+            {
+                "loss/pg_loss": sum(losses) / len(losses),
+                "optim/grad_norm": sum(grad_norms) / len(grad_norms),
+                "optim/update_norm": float(update_sq) ** 0.5,
+            }
+        )
+        return stats

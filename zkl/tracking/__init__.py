@@ -1,0 +1,1 @@
+"""Experiment tracking helpers (W&B offline-run reading)."""

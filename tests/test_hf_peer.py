@@ -13,8 +13,7 @@ import math
 
 import pytest
 import torch
-
-transformers = pytest.importorskip("transformers")
+import transformers
 from safetensors.torch import load_file, save_file
 
 import zkl.invariance

@@ -196,7 +196,8 @@ def validate(
         )
     if cfg.precision.linear_quant not in ("none", "mxfp8", "fp8_tensor"):
         raise ConfigError(
-            f"precision.linear_quant={cfg.precision.linear_quant!r} must be none, mxfp8 or fp8_tensor."
+            f"precision.linear_quant={cfg.precision.linear_quant!r} must be none, mxfp8 or "
+            "fp8_tensor."
         )
     if cfg.precision.native:
         raise ConfigError(

@@ -28,7 +28,7 @@ class KVCache:
         k: torch.Tensor,
         v: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v [B, Hkv, T, D] at `positions` [B, T] of `slots` [B]; return the rows' cache."""
+        """Write k, v [B, Hkv, T, D] at `positions` [B, T] of `slots` [B]; return the rows' KV."""
         rows = slots.unsqueeze(-1).expand_as(positions)  # [B, T]
         self.k[layer, rows, :, positions] = k.transpose(1, 2).to(self.k.dtype)
         self.v[layer, rows, :, positions] = v.transpose(1, 2).to(self.v.dtype)

@@ -21,7 +21,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor
 ) -> torch.Tensor:
-    """Causal attention; q [B, H, Tq, D], k/v [B, Hkv, Tk, D] (key j at position j), q_pos [B, Tq]."""
+    """Causal attention: q [B, H, Tq, D], k/v [B, Hkv, Tk, D] (key j at position j).
+
+    q_pos [B, Tq] are the queries' absolute positions.
+    """
     impl = invariant if is_enabled("attention_fixed_split") else fast
     return impl.attention(q, k, v, q_pos)
 
@@ -32,8 +35,8 @@ def token_logprobs(
     """The one logprob path: fp32 log-softmax of raw `logits / temperature`, gathered at tokens.
 
     logits [..., V], tokens [...] -> fp32 [...]; a tensor temperature broadcasts as [..., 1]
-    (fp32, so it divides exactly as the same Python float would). Used by the trainer always and by the
-    generator when `logprob_path` is on.
+    (fp32, so it divides exactly as the same Python float would). The trainer always uses
+    it; the generator does when `logprob_path` is on.
     """
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)
     return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

@@ -37,8 +37,8 @@ class RunLog:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         resolved = OmegaConf.to_container(OmegaConf.structured(cfg))
         (self.run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(resolved))
-        self._metrics = open(self.run_dir / METRICS_FILE, "a")
-        self._tokens = open(self.run_dir / TOKENS_FILE, "a")
+        self._metrics = open(self.run_dir / METRICS_FILE, "a")  # noqa: SIM115 (held for the run)
+        self._tokens = open(self.run_dir / TOKENS_FILE, "a")  # noqa: SIM115
         self._wandb = None
         wb = cfg.tracking.wandb
         if wb.mode != "disabled":

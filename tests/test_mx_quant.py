@@ -63,7 +63,7 @@ def _e4m3_value(code: int) -> float:
 
 
 _E4M3_VALUES = [_e4m3_value(code) for code in range(0x7F)]  # all finite magnitudes, ascending
-assert _E4M3_VALUES == sorted(_E4M3_VALUES) and _E4M3_VALUES[-1] == 448.0
+assert sorted(_E4M3_VALUES) == _E4M3_VALUES and _E4M3_VALUES[-1] == 448.0
 
 
 def ref_e4m3_code(y: float) -> int:
@@ -188,6 +188,11 @@ def _special_blocks() -> list[torch.Tensor]:
     return out
 
 
+def every_bf16() -> torch.Tensor:
+    """All 65536 bf16 bit patterns (inf and NaN included)."""
+    return torch.arange(-(2**15), 2**15).to(torch.int16).view(torch.bfloat16)
+
+
 def random_inputs(dtype: torch.dtype) -> torch.Tensor:
     """[64, 256] normal values with one random magnitude per block, 2^-140 .. 2^120."""
     x = torch.randn(64, 256 // BLOCK_SIZE, BLOCK_SIZE, generator=_GEN)
@@ -215,7 +220,7 @@ def test_random_inputs_match_reference(dtype: torch.dtype) -> None:
 
 def test_every_bf16_value_matches_reference() -> None:
     """All 65536 bf16 bit patterns, in blocks of neighbours and in shuffled blocks."""
-    x = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    x = every_bf16()
     shuffled = x[torch.randperm(x.numel(), generator=_GEN)]
     assert_matches_reference(x.reshape(-1, 256))
     assert_matches_reference(shuffled.reshape(-1, 256))
@@ -253,9 +258,8 @@ def test_any_fp32_block_matches_reference(values: list[float]) -> None:
 
 def test_bf16_fake_quant_is_exact() -> None:
     """The bf16 result of fake_quantize_mxfp8 is the fp32 dequantized value, unrounded."""
-    x = torch.cat([adversarial_fp32(), random_inputs(torch.float32).reshape(-1, 128)])
-    x = torch.cat([x, torch.arange(-(2**15), 2**15).to(torch.int16).view(torch.bfloat16).float()
-                   .reshape(-1, 128)]).to(torch.bfloat16)  # fmt: skip
+    parts = [adversarial_fp32(), random_inputs(torch.float32), every_bf16().float()]
+    x = torch.cat([part.reshape(-1, 128) for part in parts]).to(torch.bfloat16)
     fake = fake_quantize_mxfp8(x)
     assert fake.dtype == torch.bfloat16
     assert same_bits(fake.float(), quantize_mxfp8(x).dequantize(torch.float32))
@@ -301,9 +305,9 @@ def test_torchao_rceil_agrees_except_tiny_blocks() -> None:
 
     finite = adversarial_fp32()
     finite = finite[torch.isfinite(finite).all(-1)]  # torchao puts NaN into the amax; TE does not
-    every_bf16 = torch.arange(-(2**15), 2**15).to(torch.int16).view(torch.bfloat16).float()
-    every_bf16 = every_bf16[torch.isfinite(every_bf16)]
-    x = torch.cat([finite.reshape(-1), random_inputs(torch.float32).reshape(-1), every_bf16])
+    all_bf16 = every_bf16().float()
+    all_bf16 = all_bf16[torch.isfinite(all_bf16)]
+    x = torch.cat([finite.reshape(-1), random_inputs(torch.float32).reshape(-1), all_bf16])
     x = x[: x.numel() // 128 * 128].reshape(-1, 128).to(torch.bfloat16).contiguous()
 
     scale_ao, data_ao = to_mx(x, torch.float8_e4m3fn, BLOCK_SIZE, ScaleCalculationMode.RCEIL)

@@ -86,6 +86,13 @@ class GenerationEngine:
             self.quant_cache.clear()
 
     # -- the loop ---------------------------------------------------------------------
+    def configure(self, max_batch_size: int | None = None, prefill_chunk: int | None = None):
+        """Change the scheduling knobs (certification varies them; results must not change)."""
+        if max_batch_size is not None:
+            self.max_batch_size = max_batch_size
+        if prefill_chunk is not None:
+            self.prefill_chunk = prefill_chunk
+
     @torch.no_grad()
     def generate(self, requests: list[Request]) -> list[Completion]:
         """Run every request to EOS or its limit; completions come back in request order."""

@@ -32,5 +32,8 @@ class ColocatedGenerator:
             load_refit(self.engine.model, refit_payload(state, self.gen_dtype))
         self.engine.on_refit(version)
 
+    def configure(self, max_batch_size: int | None, prefill_chunk: int | None) -> None:
+        self.engine.configure(max_batch_size, prefill_chunk)
+
     def close(self) -> None:
         pass

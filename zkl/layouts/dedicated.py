@@ -99,6 +99,10 @@ class DedicatedGenerator:
         (got,) = self._expect("refitted")
         assert got == version
 
+    def configure(self, max_batch_size: int | None, prefill_chunk: int | None) -> None:
+        self.conn.send(("configure", max_batch_size, prefill_chunk))
+        self._expect("configured")
+
     def close(self) -> None:
         if self.proc.is_alive():
             self.conn.send(("stop",))
@@ -135,6 +139,9 @@ def _worker(cfg, fixes, eos_id: int, port: int, conn, threads: int) -> None:
                     load_refit(engine.model, unpack(manifest, flat))
                     engine.on_refit(version)
                     conn.send(("refitted", version))
+                elif msg[0] == "configure":
+                    engine.configure(*msg[1:])
+                    conn.send(("configured",))
                 elif msg[0] == "generate":
                     completions = engine.generate(msg[1])
                     conn.send(("completions", completions, engine.stats))

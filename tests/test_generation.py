@@ -1,0 +1,119 @@
+"""The generation engine: continuous batching, sampling, prefix cache, the logprob path."""
+
+from __future__ import annotations
+
+import torch
+
+from zkl import invariance
+from zkl.generation.engine import GenerationEngine, Request
+from zkl.generation.sampling import SamplingParams, processed_logits
+from zkl.models import ModelConfig, build_model
+from zkl.scoring import score
+
+ALL = invariance.FIXES
+
+
+def _model(moe: bool = False):
+    cfg = ModelConfig(
+        family="qwen3_moe" if moe else "qwen3",
+        num_experts=4 if moe else 0,
+        num_experts_per_tok=2 if moe else 0,
+        moe_intermediate_size=32 if moe else 0,
+    )
+    return build_model(cfg, torch.bfloat16, seed=3)
+
+
+def _requests(n: int, seed: int = 0, max_new: int = 7, temperature: float = 1.0):
+    g = torch.Generator().manual_seed(seed)
+    prefix = list(range(2, 36))  # a shared "system prompt" of 34 tokens
+    out = []
+    for i in range(n):
+        tail = torch.randint(2, 60, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g)
+        params = SamplingParams(temperature=temperature, max_new_tokens=max_new, seed=100 + i)
+        out.append(Request(i, prefix + tail.tolist(), params))
+    return out
+
+
+def _generate(model, requests, **engine_kwargs):
+    engine = GenerationEngine(model, eos_id=1, **{"max_batch_size": 4, **engine_kwargs})
+    return engine, engine.generate(requests)
+
+
+def test_batch_one_equals_batch_n_and_scoring():
+    model = _model()
+    requests = _requests(9)
+    with invariance.enabled(ALL):
+        _, one = _generate(model, requests, max_batch_size=1)
+        _, many = _generate(model, list(reversed(requests)), max_batch_size=4, prefill_chunk=5)
+        many = sorted(many, key=lambda c: c.request_id)
+        lp_train = score(model, [c.prompt for c in one], [c.tokens for c in one])
+    for a, b, t in zip(one, many, lp_train):
+        assert a.tokens == b.tokens
+        assert torch.equal(a.logprobs, b.logprobs)
+        assert torch.equal(a.logprobs, t)
+
+
+def test_continuous_batching_changes_composition():
+    model = _model()
+    requests = _requests(6)
+    requests[0] = Request(0, requests[0].prompt, SamplingParams(max_new_tokens=2, seed=1))
+    with invariance.enabled(ALL):
+        engine, done = _generate(model, requests, max_batch_size=3)
+    assert [c.request_id for c in done] == list(range(6))
+    assert len(done[0].tokens) <= 2
+    total = sum(len(c.tokens) for c in done)
+    # every decode step served several requests, and fewer steps than tokens were needed
+    assert engine.stats.decode_steps < total
+    assert all(c.finish_reason in ("eos", "length") for c in done)
+
+
+def test_samples_do_not_depend_on_neighbours_in_default_mode_too():
+    """Sampling draws from the request's own generator (logits may still differ)."""
+    model = _model()
+    requests = _requests(3)
+    with invariance.enabled(ALL):
+        _, alone = _generate(model, requests[:1], max_batch_size=1)
+        _, together = _generate(model, requests, max_batch_size=3)
+    assert alone[0].tokens == together[0].tokens
+
+
+def test_prefix_cache_hits_and_changes_nothing():
+    model = _model(moe=True)
+    requests = _requests(8)
+    with invariance.enabled(ALL):
+        engine, persist = _generate(model, requests, kv_mode="persist")
+        _, recompute = _generate(model, requests, kv_mode="recompute")
+    # the first 4 are prefilled together (nothing cached yet); the 4 admitted later each hit
+    # the two full 16-token blocks of the shared prefix
+    assert engine.stats.prefix_hit_tokens == 4 * 32
+    for a, b in zip(persist, recompute):
+        assert a.tokens == b.tokens and torch.equal(a.logprobs, b.logprobs)
+
+
+def test_logprob_path_fix():
+    """Off: processed logits in the model dtype; on: the trainer's fp32 raw log-softmax."""
+    model = _model()
+    requests = _requests(6, temperature=0.7)
+    diffs = {}
+    for on in (False, True):
+        fixes = set(ALL) - (set() if on else {"logprob_path"})
+        with invariance.enabled(fixes):
+            _, done = _generate(model, requests)
+            temps = [r.params.temperature for r in requests]
+            lp_train = score(model, [c.prompt for c in done], [c.tokens for c in done], temps)
+        gen = torch.cat([c.logprobs for c in done])
+        diffs[on] = (gen - torch.cat(lp_train)).abs().max().item()
+    assert diffs[False] > 0
+    assert diffs[True] == 0.0
+
+
+def test_top_k_top_p_processing():
+    logits = torch.tensor([3.0, 2.0, 1.0, 0.0])
+    out = processed_logits(logits, SamplingParams(top_k=2))
+    assert torch.isinf(out[2:]).all() and torch.isfinite(out[:2]).all()
+    probs = torch.softmax(logits, -1)  # [0.644, 0.237, 0.087, 0.032]
+    out = processed_logits(logits, SamplingParams(top_p=0.8))
+    assert torch.isfinite(out[:2]).all() and torch.isinf(out[2:]).all()
+    assert probs[0] < 0.8 < probs[:2].sum()
+    out = processed_logits(logits, SamplingParams(temperature=0.5))
+    assert torch.equal(out, logits / 0.5)

@@ -108,7 +108,7 @@ def train_step(cfg: ZklConfig, task, policy: Policy, generator, step: int, log: 
     lp_train = score(policy.model, prompts, responses, temps, cfg.rl.score_micro_batch)
     t2 = time.perf_counter()
     lp_gen = torch.cat([c.logprobs for c in completions])
-    row: dict[str, Any] = mismatch_metrics(torch.cat(lp_train), lp_gen)
+    row: dict[str, Any] = {"step": step, **mismatch_metrics(torch.cat(lp_train), lp_gen)}
     group = cfg.rl.samples_per_prompt
     rewards = [task.reward(problems[i // group], c.tokens) for i, c in enumerate(completions)]
     reward_t = torch.tensor(rewards)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from conftest import SMALL, make_cfg
 from zkl.rl.grpo import clipped_pg_loss, group_advantages
 from zkl.rl.loop import TIMING_PREFIXES, run
 from zkl.tracking.run_log import read_metrics
-from zkl.tracking.wandb_reader import read_history
+from zkl.tracking.wandb_reader import read_history, read_run_info
 
 
 def _zero(row) -> bool:
@@ -122,6 +123,13 @@ def test_token_dump_recomputes_the_metrics(tmp_path):
 def test_wandb_offline_run_has_every_step(tmp_path):
     cfg = make_cfg("rl.steps=3", *SMALL, "tracking.wandb.mode=offline", quiet=False)
     rows = run(cfg, tmp_path, progress=False)
+    for _ in range(60):  # wandb-core may still be writing its last block on a loaded machine
+        if read_run_info(tmp_path, allow_truncated=True)["exit_code"] is not None:
+            break
+        time.sleep(0.5)
+    info = read_run_info(tmp_path)
+    assert info["group"] == "tiny_dense-colocated-native-bf16-recompute-zero"
+    assert "precision:bf16" in info["tags"]
     history = read_history(tmp_path)
     assert [h["_step"] for h in history] == [0, 1, 2]
     assert [h["train/gen_kl_error"] for h in history] == [r["train/gen_kl_error"] for r in rows]

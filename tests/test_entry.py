@@ -1,0 +1,25 @@
+"""`python -m zkl` exactly as the README runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_python_m_zkl_writes_zero_metrics(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
+    cmd = [sys.executable, "-m", "zkl", "+precision=bf16", "+layout=colocated", "rl.steps=3"]
+    out = subprocess.run(
+        [*cmd, f"hydra.run.dir={tmp_path}"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert all(r["train/gen_kl_error"] == 0.0 for r in rows)
+    assert all(r["train/max_abs_logprob_diff"] == 0.0 for r in rows)
+    assert (tmp_path / "config.yaml").exists() and (tmp_path / "tokens.jsonl").exists()

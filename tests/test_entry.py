@@ -23,3 +23,13 @@ def test_python_m_zkl_writes_zero_metrics(tmp_path):
     assert all(r["train/gen_kl_error"] == 0.0 for r in rows)
     assert all(r["train/max_abs_logprob_diff"] == 0.0 for r in rows)
     assert (tmp_path / "config.yaml").exists() and (tmp_path / "tokens.jsonl").exists()
+
+
+def test_bench_measures_both_modes(tmp_path):
+    from conftest import SMALL, make_cfg
+
+    from zkl.bench import run_bench
+
+    result = run_bench(make_cfg(*SMALL), tmp_path)
+    assert result["zero/gen_tokens_per_s"] > 0 and result["default/gen_tokens_per_s"] > 0
+    assert (tmp_path / "bench.json").exists()

@@ -1,0 +1,81 @@
+"""`python -m zkl.bench`: what zero-mismatch mode costs, measured side by side in one run.
+
+Generation and scoring of the same rollout batch with every fix on and with every fix off,
+interleaved `bench.repeats` times; reports tokens/s of each and the ratio. The same Hydra
+config and overrides as `python -m zkl`.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import hydra
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from zkl import invariance
+from zkl.config import CONF_DIR, ConfigError, ZklConfig, to_object, validate
+from zkl.layouts import build_engine
+from zkl.rl.loop import make_requests
+from zkl.rl.policy import Policy
+from zkl.rl.task import build_task
+from zkl.scoring import score
+
+REPEATS = 5
+
+
+def measure(cfg: ZklConfig, fixes: frozenset[str], policy: Policy, requests) -> tuple[float, float]:
+    """(generation tokens/s, scoring tokens/s) of one rollout batch under `fixes`."""
+    with invariance.enabled(fixes):
+        engine = build_engine(cfg, policy.model, eos_id=-1)  # no EOS: fixed token count
+        t0 = time.perf_counter()
+        done = engine.generate(requests)
+        t1 = time.perf_counter()
+        score(policy.model, [c.prompt for c in done], [c.tokens for c in done])
+        t2 = time.perf_counter()
+    gen_tokens = sum(len(c.tokens) for c in done)
+    scored = sum(len(c.prompt) + len(c.tokens) for c in done)
+    return gen_tokens / (t1 - t0), scored / (t2 - t1)
+
+
+def run_bench(cfg: ZklConfig, run_dir: str | Path) -> dict[str, float]:
+    task = build_task(cfg.task.name, cfg.task.max_operand)
+    validate(cfg, len(task.tokenizer), task.max_prompt_len + cfg.sampling.max_new_tokens)
+    policy = Policy(cfg)
+    _, requests = make_requests(cfg, task, step=0)
+    modes = {"zero": frozenset(invariance.FIXES), "default": frozenset()}
+    samples: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
+    measure(cfg, modes["zero"], policy, requests)  # warm-up
+    for _ in range(REPEATS):
+        for mode, fixes in modes.items():
+            samples[mode].append(measure(cfg, fixes, policy, requests))
+    result = {"threads": torch.get_num_threads(), "requests": len(requests)}
+    for mode in modes:
+        result[f"{mode}/gen_tokens_per_s"] = statistics.median(s[0] for s in samples[mode])
+        result[f"{mode}/score_tokens_per_s"] = statistics.median(s[1] for s in samples[mode])
+    for kind in ("gen", "score"):
+        key = f"{kind}_tokens_per_s"
+        result[f"ratio/{kind}_zero_over_default"] = result[f"zero/{key}"] / result[f"default/{key}"]
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    (Path(run_dir) / "bench.json").write_text(json.dumps(result, indent=1))
+    for key, value in result.items():
+        print(f"{key:36} {value:.4g}" if isinstance(value, float) else f"{key:36} {value}")
+    return result
+
+
+@hydra.main(config_path=CONF_DIR, config_name="config", version_base=None)
+def main(dcfg: DictConfig) -> None:
+    try:
+        run_bench(to_object(dcfg), HydraConfig.get().runtime.output_dir)
+    except ConfigError as err:
+        print(f"zkl.bench: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -26,17 +26,18 @@ def test_cert_cli_passes_default_beds_and_fails_without_fixes(tmp_path):
     assert ok.returncode == 0, ok.stdout + ok.stderr
     beds = [json.loads(x) for x in (tmp_path / "zero" / "cert.jsonl").read_text().splitlines()]
     assert {b["bed"] for b in beds} == {
-        f"{m}/colocated/bf16/kv_{kv}"
+        f"{m}/colocated/{p}/kv_{kv}"
         for m in ("tiny_dense", "tiny_moe")
+        for p in ("bf16", "mxfp8")
         for kv in ("recompute", "persist")
     }
     assert all(b["passed"] and b["train/max_abs_logprob_diff"] == 0.0 for b in beds)
-    assert ok.stdout.count("PASS") == 4
+    assert ok.stdout.count("PASS") == 8
     bad = _cert_cli(
         f"hydra.run.dir={tmp_path / 'off'}", "zero_train_gen_mismatch=false", cwd=tmp_path
     )
     assert bad.returncode == 1
-    assert bad.stdout.count("FAIL") == 4
+    assert bad.stdout.count("FAIL") == 8
 
 
 def test_multi_step_cert_both_layouts(tmp_path):

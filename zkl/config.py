@@ -73,7 +73,7 @@ class RLConfig:
     steps: int = 20
     prompts_per_step: int = 8
     samples_per_prompt: int = 8
-    lr: float = 3e-3
+    lr: float = 1e-2
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     clip_eps: float = 0.2
@@ -104,7 +104,7 @@ class CertConfig:
     steps: int = 0  # 0: step-0 certification; N: N real GRPO steps per bed
     ablate: bool = False
     models: list[str] = field(default_factory=lambda: ["tiny_dense", "tiny_moe"])
-    precisions: list[str] = field(default_factory=lambda: ["bf16"])
+    precisions: list[str] = field(default_factory=lambda: ["bf16", "mxfp8"])
     layouts: list[str] = field(default_factory=lambda: ["colocated"])
     kv: list[str] = field(default_factory=lambda: ["recompute", "persist"])
 
@@ -205,7 +205,9 @@ def validate(
             "which this machine lacks; set precision.native=false to use the exact emulation."
         )
     if cfg.precision.linear_quant == "mxfp8":
-        for key in ("hidden_size", "intermediate_size"):
+        layers = range(cfg.model.num_hidden_layers)
+        dense = any(not cfg.model.layer_is_moe(i) for i in layers)
+        for key in ("hidden_size", "intermediate_size") if dense else ("hidden_size",):
             if getattr(cfg.model, key) % 32:
                 raise ConfigError(f"model.{key} must be a multiple of 32 for precision=mxfp8.")
         if cfg.model.is_moe and cfg.model.moe_intermediate_size % 32:

@@ -66,6 +66,7 @@ class DedicatedGenerator:
         args = (cfg, invariance.active(), eos_id, port, child_conn, threads)
         self.proc = ctx.Process(target=_worker, args=args, daemon=True)
         self.proc.start()
+        self._expect("alive")  # a child that dies at start-up fails here, not at rendezvous
         dist.init_process_group(
             cfg.layout.backend,
             init_method=f"tcp://127.0.0.1:{port}",
@@ -118,6 +119,7 @@ def _worker(cfg, fixes, eos_id: int, port: int, conn, threads: int) -> None:
     try:
         torch.set_num_threads(threads)
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        conn.send(("alive",))
         dist.init_process_group(
             cfg.layout.backend,
             init_method=f"tcp://127.0.0.1:{port}",

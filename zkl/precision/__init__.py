@@ -1,10 +1,37 @@
 """Precision recipes: parameter dtypes and what a Linear layer does to its weight and input.
 
-`bf16` and `fp32` run the Linear as it is. `mxfp8` (OCP MX, TE's scale rule) and
-`fp8_tensor` (per-tensor current scaling, the batch-variant contrast) fake-quantize weight
-and input before the GEMM. The recipe is installed on the model's Linear layers
-(`apply_precision`); a generation engine may install a cache of quantized weights
-(`weight_cache`) so it quantizes each weight once per refit.
+`bf16` and `fp32` run the Linear as it is. `mxfp8` (OCP MX with Transformer Engine's scale
+rule, `zkl.precision.mx`) and `fp8_tensor` (per-tensor current scaling, the batch-variant
+contrast, `zkl.precision.fp8_tensor`) fake-quantize the weight and the input of every
+quantizable Linear before the GEMM: quantize -> dequantize -> `zkl.ops.linear` (the
+batch-invariant GEMM with fp32 accumulation when `batch_invariant_gemm` is on).
+
+What is quantized: the Linear layers of attention (q/k/v/o_proj) and of the MLPs and MoE
+experts (gate/up/down_proj). What is not: the embedding (an `nn.Embedding`, no recipe), the
+lm_head and the MoE router `mlp.gate` (`Linear(..., quantizable=False)`), and the norms. The
+router and the norms also keep fp32 parameters (`apply_precision`).
+
+Both paths run the same recipe on the same tensors. The trainer quantizes the weight afresh
+on every forward (it is about to change it). The generation engine quantizes each weight once
+per refit: inside `weight_cache(cache)` the quantized weight of a module is looked up in, or
+added to, the engine's cache; the engine clears the cache when new weights arrive (the
+`quantized_weight_refresh` fix). Quantizing the same bf16 weight gives the same bits either
+way, so the GEMM operands of the two paths are bitwise equal.
+
+Batch invariance: MXFP8 blocks are 32 consecutive elements of one row along K, so a token's
+quantized input depends on that token alone, whatever else is in the batch; the weight's
+quantization does not depend on the batch at all. `fp8_tensor` takes one amax over the whole
+input tensor (every token of the batch), so a token's quantized input changes with its batch
+neighbours: it cannot be batch-invariant, and the gen path (continuous-batching decode) and the
+train path (one padded scoring batch) quantize the same token differently.
+
+Backward: straight-through on the dequantized operands. With y = x_q W_q^T (x_q, W_q the
+fake-quantized input and weight), autograd gives dx = dy W_q and dW = dy^T x_q, and the
+quantizers pass these through as the gradients of x and W; dy is not quantized. Transformer
+Engine's MXFP8 backward instead multiplies MXFP8 copies quantized *columnwise* (blocks along M
+or N: the K of the backward GEMMs) and an MXFP8 dy, so its gradients differ from these by
+quantization noise. That changes the update, not the forward logprobs the mismatch metrics
+compare, and it keeps the CPU reference simple: the train forward is literally the gen forward.
 """
 
 from __future__ import annotations
@@ -17,11 +44,16 @@ from torch import nn
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
+# The active generation-side cache of quantized weights (None: quantize on every call).
 _weight_cache: dict[int, torch.Tensor] | None = None
 
 
 def fake_quantizer(kind: str) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """The straight-through fake-quant function of a recipe (None: no quantization)."""
+    """The fake-quant function of a `precision.linear_quant` value (None: no quantization).
+
+    Each returns a tensor of its input's dtype and shape holding the dequantized values, with
+    a straight-through (identity) gradient.
+    """
     if kind == "none":
         return None
     if kind == "mxfp8":
@@ -35,20 +67,43 @@ def fake_quantizer(kind: str) -> Callable[[torch.Tensor], torch.Tensor] | None:
     raise ValueError(f"precision.linear_quant={kind!r} is not one of none, mxfp8, fp8_tensor.")
 
 
+def keeps_fp32(module_name: str) -> bool:
+    """Norms and the MoE router (`mlp.gate`) keep fp32 parameters in every recipe."""
+    return (
+        module_name.endswith("norm")
+        or module_name.endswith("layernorm")
+        or module_name.endswith(".gate")
+    )
+
+
 def apply_precision(model: nn.Module, compute_dtype: torch.dtype, linear_quant: str) -> None:
-    """Cast parameters (norms and MoE router stay fp32) and install the Linear recipe."""
+    """Cast parameters to `compute_dtype` (norms and router stay fp32); install the recipe.
+
+    Every module with a `quantizable` attribute (`zkl.models.transformer.Linear`) gets
+    `module.quantize`: the recipe's fake quantizer when it is quantizable, else None.
+    """
     quantize = fake_quantizer(linear_quant)
     for name, module in model.named_modules():
-        keep_fp32 = name.endswith("norm") or name.endswith("layernorm") or name.endswith(".gate")
+        dtype = torch.float32 if keeps_fp32(name) else compute_dtype
         for p in module.parameters(recurse=False):
-            p.data = p.data.to(torch.float32 if keep_fp32 else compute_dtype)
+            p.data = p.data.to(dtype)
         if hasattr(module, "quantizable"):
             module.quantize = quantize if module.quantizable else None
 
 
 @contextlib.contextmanager
 def weight_cache(cache: dict[int, torch.Tensor]) -> Iterator[None]:
-    """Use (and fill) `cache` of quantized weights, keyed by module id, inside the block."""
+    """Inside the block, quantized weights come from (and go into) `cache`, keyed by module id.
+
+    For inference only (the cached weights are detached). The key is `id(module)` of the
+    Linear: ids are unique among live objects, and the owner of the cache (the generation
+    engine) also owns the model, so every keyed module lives as long as its entry. A refit
+    copies new values into the same Parameters in place (or, colocated, shares the trainer's
+    model), so the modules and their keys stay while the cached *values* go stale; the owner
+    must clear the cache after every refit (fix `quantized_weight_refresh`). The cache does
+    not notice changed weights by itself (by `weight._version`, say) on purpose: invalidation
+    is the refit's explicit job, and the fix's test shows what happens when it is skipped.
+    """
     global _weight_cache
     previous, _weight_cache = _weight_cache, cache
     try:
@@ -60,14 +115,22 @@ def weight_cache(cache: dict[int, torch.Tensor]) -> Iterator[None]:
 def linear_weight_and_input(
     module: nn.Module, x: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (weight, input) pair the GEMM sees under the module's recipe."""
+    """The (weight, input) pair the GEMM sees under the module's recipe.
+
+    No recipe: the module's weight and x unchanged. Otherwise the fake-quantized weight (from
+    the active `weight_cache` if any, else quantized now) and the fake-quantized x.
+    """
     quantize = getattr(module, "quantize", None)
     if quantize is None:
         return module.weight, x
     if _weight_cache is None:
         weight = quantize(module.weight)
     else:
+        assert not torch.is_grad_enabled(), "a weight cache is for inference (no_grad) only"
         weight = _weight_cache.get(id(module))
         if weight is None:
             weight = _weight_cache[id(module)] = quantize(module.weight.detach())
+        assert weight.shape == module.weight.shape and weight.dtype == module.weight.dtype, (
+            "a cached quantized weight does not fit its module: the cache outlived its model"
+        )
     return weight, quantize(x)

@@ -45,7 +45,7 @@ def test_multi_step_cert_both_layouts(tmp_path):
         "cert.steps=2", "cert.layouts=[colocated,dedicated]", "cert.kv=[persist]", *SMALL
     )
     results = run_cert(cfg, tmp_path)
-    assert len(results) == 4
+    assert len(results) == 8  # 2 models x 2 layouts x {bf16, mxfp8}
     assert all(r["passed"] and r["steps"] == 2 and r["nonzero_steps"] == 0 for r in results)
 
 

@@ -50,7 +50,12 @@ def test_multi_step_cert_both_layouts(tmp_path):
 
 
 def test_ablation_reports_each_fix(tmp_path):
-    cfg = make_cfg("cert.ablate=true", "cert.models=[tiny_moe]", "cert.kv=[recompute]")
+    cfg = make_cfg(
+        "cert.ablate=true",
+        "cert.models=[tiny_moe]",
+        "cert.kv=[recompute]",
+        "cert.precisions=[bf16]",
+    )
     results = run_cert(cfg, tmp_path)
     by_variant = {r["variant"]: r for r in results}
     assert by_variant["all fixes"]["passed"]

@@ -11,6 +11,7 @@ The process exits 1 when any bed is not exactly zero.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import random
 import sys
@@ -49,20 +50,14 @@ def bed_name(cfg: ZklConfig) -> str:
 
 def beds(cfg: ZklConfig) -> list[ZklConfig]:
     """Every combination of the `cert.*` axes, each a full config."""
+    groups = ("model", "precision", "layout", "kv")
+    axes = (cfg.cert.models, cfg.cert.precisions, cfg.cert.layouts, cfg.cert.kv)
     out = []
-    for model in cfg.cert.models:
-        for precision in cfg.cert.precisions:
-            for layout in cfg.cert.layouts:
-                for kv in cfg.cert.kv:
-                    bed = cfg
-                    for group, option in (
-                        ("model", model),
-                        ("precision", precision),
-                        ("layout", layout),
-                        ("kv", kv),
-                    ):
-                        bed = load_group_option(bed, group, option)
-                    out.append(bed)
+    for options in itertools.product(*axes):
+        bed = cfg
+        for group, option in zip(groups, options):
+            bed = load_group_option(bed, group, option)
+        out.append(bed)
     return out
 
 

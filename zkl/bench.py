@@ -1,7 +1,7 @@
 """`python -m zkl.bench`: what zero-mismatch mode costs, measured side by side in one run.
 
 Generation and scoring of the same rollout batch with every fix on and with every fix off,
-interleaved `bench.repeats` times; reports tokens/s of each and the ratio. The same Hydra
+interleaved REPEATS (5) times; reports tokens/s of each and the ratio. The same Hydra
 config and overrides as `python -m zkl`.
 """
 
@@ -19,9 +19,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from zkl import invariance
-from zkl.config import CONF_DIR, ConfigError, ZklConfig, to_object, validate
+from zkl.config import CONF_DIR, ConfigError, ZklConfig, to_object
 from zkl.layouts import build_engine
-from zkl.rl.loop import make_requests
+from zkl.rl.loop import make_requests, validate_run
 from zkl.rl.policy import Policy
 from zkl.rl.task import build_task
 from zkl.scoring import score
@@ -45,7 +45,7 @@ def measure(cfg: ZklConfig, fixes: frozenset[str], policy: Policy, requests) -> 
 
 def run_bench(cfg: ZklConfig, run_dir: str | Path) -> dict[str, float]:
     task = build_task(cfg.task.name, cfg.task.max_operand)
-    validate(cfg, len(task.tokenizer), task.max_prompt_len + cfg.sampling.max_new_tokens)
+    validate_run(cfg, task)
     policy = Policy(cfg)
     _, requests = make_requests(cfg, task, step=0)
     modes = {"zero": frozenset(invariance.FIXES), "default": frozenset()}

@@ -66,14 +66,19 @@ def token_records(step: int, completions, lp_train, rewards, limit: str) -> list
     ]
 
 
-def run(cfg: ZklConfig, run_dir: str | Path, progress: bool | None = None) -> list[dict[str, Any]]:
-    """Run `cfg.rl.steps` GRPO steps; return the metric rows (also in run_dir/metrics.jsonl)."""
-    task = build_task(cfg.task.name, cfg.task.max_operand)
+def validate_run(cfg: ZklConfig, task) -> None:
+    """The config check for a run of `task`: its tokenizer and prompt length included."""
     validate(
         cfg,
         vocab_needed=len(task.tokenizer),
         positions_needed=task.max_prompt_len + cfg.sampling.max_new_tokens,
     )
+
+
+def run(cfg: ZklConfig, run_dir: str | Path, progress: bool | None = None) -> list[dict[str, Any]]:
+    """Run `cfg.rl.steps` GRPO steps; return the metric rows (also in run_dir/metrics.jsonl)."""
+    task = build_task(cfg.task.name, cfg.task.max_operand)
+    validate_run(cfg, task)
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     fixes = invariance.resolve(cfg.zero_train_gen_mismatch, vars(cfg.fixes))

@@ -13,6 +13,8 @@ os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("WANDB_DISABLE_GIT", "true")
 os.environ.setdefault("WANDB_DISABLE_CODE", "true")
 os.environ.setdefault("WANDB_CONSOLE", "off")
+if not torch.cuda.is_available():  # the Triton kernels' logic runs on the CPU interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 QUIET = ["tracking.wandb.mode=disabled", "tracking.progress=false"]
 SMALL = ["rl.prompts_per_step=4", "rl.samples_per_prompt=4"]

@@ -6,7 +6,7 @@ import torch
 
 from zkl import invariance
 from zkl.generation.engine import GenerationEngine, Request
-from zkl.generation.sampling import SamplingParams, processed_logits
+from zkl.generation.sampling import SamplingParams, processed_logits, sample
 from zkl.models import ModelConfig, build_model
 from zkl.scoring import score
 
@@ -108,12 +108,38 @@ def test_logprob_path_fix():
 
 
 def test_top_k_top_p_processing():
-    logits = torch.tensor([3.0, 2.0, 1.0, 0.0])
-    out = processed_logits(logits, SamplingParams(top_k=2))
-    assert torch.isinf(out[2:]).all() and torch.isfinite(out[:2]).all()
-    probs = torch.softmax(logits, -1)  # [0.644, 0.237, 0.087, 0.032]
-    out = processed_logits(logits, SamplingParams(top_p=0.8))
-    assert torch.isfinite(out[:2]).all() and torch.isinf(out[2:]).all()
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0]] * 3)
+    one = torch.ones(3)
+    out = processed_logits(logits, one, top_k=torch.tensor([2, 0, 3]))
+    assert torch.isinf(out[0, 2:]).all() and torch.isfinite(out[0, :2]).all()
+    assert torch.isfinite(out[1]).all() and torch.isinf(out[2, 3])  # per-row k; 0 is off
+    probs = torch.softmax(logits[0], -1)  # [0.644, 0.237, 0.087, 0.032]
+    out = processed_logits(logits, one, top_p=torch.tensor([0.8, 1.0, 0.5]))
+    assert torch.isfinite(out[0, :2]).all() and torch.isinf(out[0, 2:]).all()
     assert probs[0] < 0.8 < probs[:2].sum()
-    out = processed_logits(logits, SamplingParams(temperature=0.5))
+    assert torch.isfinite(out[1]).all() and torch.isinf(out[2, 1:]).all()
+    out = processed_logits(logits, torch.full((3,), 0.5))
     assert torch.equal(out, logits / 0.5)
+
+
+def test_sampler_is_keyed_by_seed_and_token_index_only():
+    """A row's draw is a function of (seed, token index, its logits): never of its batch."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(32, 50, generator=g)
+    seeds, counters = torch.arange(32) * 31, torch.arange(32) % 4
+    temps = torch.ones(32)
+    full = sample(logits, seeds, counters, temps)
+    for lo, hi in ((0, 1), (3, 9), (20, 32)):
+        assert torch.equal(
+            sample(logits[lo:hi], seeds[lo:hi], counters[lo:hi], temps[lo:hi]), full[lo:hi]
+        )
+    assert not torch.equal(sample(logits, seeds, counters + 1, temps), full)
+
+
+def test_sampler_follows_the_distribution():
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]]).expand(40_000, 4)
+    tokens = sample(
+        logits, torch.arange(40_000), torch.zeros(40_000, dtype=torch.long), torch.ones(40_000)
+    )
+    freq = torch.bincount(tokens, minlength=4) / 40_000
+    torch.testing.assert_close(freq, torch.softmax(logits[0], -1), atol=0.01, rtol=0)

@@ -44,7 +44,7 @@ def measure(cfg: ZklConfig, fixes: frozenset[str], policy: Policy, requests) -> 
 
 
 def run_bench(cfg: ZklConfig, run_dir: str | Path) -> dict[str, float]:
-    task = build_task(cfg.task.name, cfg.task.max_operand)
+    task = build_task(cfg.task, cfg.model.vocab_size)
     validate_run(cfg, task)
     policy = Policy(cfg)
     _, requests = make_requests(cfg, task, step=0)

@@ -15,6 +15,7 @@ import itertools
 import json
 import random
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +26,14 @@ from omegaconf import DictConfig
 
 from zkl import invariance
 from zkl.config import CONF_DIR, ConfigError, ZklConfig, load_group_option, to_object, validate
+from zkl.device import resolve_device
 from zkl.generation.engine import Request
 from zkl.generation.sampling import SamplingParams
 from zkl.layouts import build_generator
 from zkl.metrics import mismatch_metrics
 from zkl.rl import loop
 from zkl.rl.policy import Policy
-from zkl.rl.task import SYSTEM, build_task
+from zkl.rl.task import build_task
 from zkl.scoring import score
 
 # (max_batch_size, prefill_chunk, arrival order, scoring micro-batch)
@@ -56,29 +58,30 @@ def beds(cfg: ZklConfig) -> list[ZklConfig]:
     for options in itertools.product(*axes):
         bed = cfg
         for group, option in zip(groups, options):
-            bed = load_group_option(bed, group, option)
+            current = getattr(bed, group)
+            if getattr(current, "name", getattr(current, "mode", None)) != option:
+                # an axis value that is not the user's own option is loaded from conf/
+                bed = load_group_option(bed, group, option)
         out.append(bed)
     return out
 
 
 def cert_requests(cfg: ZklConfig, task, seed: int) -> list[Request]:
     """Prompts of varied length behind the task's shared system prefix."""
-    rng = random.Random(seed)
-    tok = task.tokenizer
-    alphabet = tok.encode("0123456789+=abcdefghij ")
-    prefix = tok.encode(SYSTEM)
-    requests = []
-    for i in range(NUM_PROMPTS):
-        tail = [rng.choice(alphabet) for _ in range(rng.randint(1, 24))]
-        sp = cfg.sampling
-        params = SamplingParams(sp.temperature, sp.top_p, sp.top_k, sp.max_new_tokens, seed + i)
-        requests.append(Request(i, prefix + tail, params))
-    return requests
+    sp = cfg.sampling
+    return [
+        Request(
+            i,
+            prompt,
+            SamplingParams(sp.temperature, sp.top_p, sp.top_k, sp.max_new_tokens, seed + i),
+        )
+        for i, prompt in enumerate(task.varied_prompts(seed, NUM_PROMPTS))
+    ]
 
 
 def certify_step0(cfg: ZklConfig) -> dict[str, Any]:
     """Generate under every schedule, score under several groupings, compare every token."""
-    task = build_task(cfg.task.name, cfg.task.max_operand)
+    task = build_task(cfg.task, cfg.model.vocab_size)
     requests = cert_requests(cfg, task, cfg.seed)
     validate(
         cfg,
@@ -153,9 +156,27 @@ def run_cert(cfg: ZklConfig, run_dir: str | Path) -> list[dict[str, Any]]:
         if cfg.cert.ablate:
             variants += [(f"-{name}", with_fix(bed, name, False)) for name in invariance.FIXES]
         for label, variant in variants:
-            slug = f"{bed_name(bed)}/{label}".replace("/", "__")
+            slug = f"{bed_name(bed)}/{label}".replace("/", "__").replace(" ", "_")
+            device = resolve_device(variant.device)
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            start = time.perf_counter()
             metrics = certify(variant, run_dir / "beds" / slug)
+            metrics["wall_s"] = time.perf_counter() - start
+            if device.type == "cuda":
+                metrics["peak_gpu_mem_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
             results.append({"bed": bed_name(bed), "variant": label, **metrics})
+            print(
+                f"[{len(results)}] {bed_name(bed)} {label}: max_abs_diff="
+                f"{metrics['train/max_abs_logprob_diff']:.3g} in {metrics['wall_s']:.1f} s"
+                + (
+                    f", peak GPU memory {metrics['peak_gpu_mem_gb']:.1f} GiB"
+                    if "peak_gpu_mem_gb" in metrics
+                    else ""
+                ),
+                file=sys.stderr,
+                flush=True,
+            )
     for r in results:
         r["passed"] = r["train/max_abs_logprob_diff"] == 0.0
     with open(run_dir / "cert.jsonl", "w") as f:

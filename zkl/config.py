@@ -15,8 +15,10 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from zkl.device import check_device, resolve_device
 from zkl.invariance import FIXES
 from zkl.models.config import ModelConfig, validate_model
+from zkl.rl.task import TASKS
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
@@ -37,7 +39,10 @@ class PrecisionConfig:
 @dataclass
 class LayoutConfig:
     name: str = "colocated"  # colocated | dedicated
-    backend: str = "gloo"  # torch.distributed backend for the dedicated refit
+    # How the dedicated refit moves weights: gloo (torch.distributed, CPU), cuda_ipc (one
+    # GPU shared by both processes: device memory handed over, no host round trip), nccl
+    # (separate GPUs); auto: gloo on the CPU, cuda_ipc on CUDA.
+    backend: str = "auto"
     timeout_s: float = 600.0
 
 
@@ -47,6 +52,7 @@ class EngineConfig:
     max_batch_size: int = 8  # continuous-batching slots
     prefill_chunk: int = 0  # 0: whole prompt in one forward
     prefix_cache_blocks: int = 4096
+    sync_every: int = 0  # decode steps between host looks at finished rows; 0: 1 CPU, 8 CUDA
 
 
 @dataclass
@@ -60,12 +66,16 @@ class SamplingConfig:
     top_p: float = 1.0
     top_k: int = 0
     max_new_tokens: int = 6
+    ignore_eos: bool = False  # true: every response is exactly max_new_tokens (benchmarks)
 
 
 @dataclass
 class TaskConfig:
-    name: str = "add"
-    max_operand: int = 4  # a + b with a, b in 0..max_operand
+    name: str = "add"  # add (character tokenizer) | residue (the model's whole vocabulary)
+    max_operand: int = 4  # add: a + b with a, b in 0..max_operand
+    modulus: int = 3  # residue: reward = response tokens congruent to the last prompt token
+    min_prompt_len: int = 4  # residue: random tail length after the shared 32-token prefix
+    max_prompt_len: int = 48
 
 
 @dataclass
@@ -138,6 +148,7 @@ class ZklConfig:
     fixes: FixesConfig = field(default_factory=FixesConfig)
     zero_train_gen_mismatch: bool = True
     seed: int = 0
+    device: str = "cpu"  # cpu (the embedded default) | cuda | cuda:N | auto (CUDA when present)
     num_threads: int = 0  # 0: torch's default; the dedicated generator uses the same number
 
 
@@ -219,17 +230,33 @@ def validate(
             )
     if cfg.layout.name not in ("colocated", "dedicated"):
         raise ConfigError(f"layout.name={cfg.layout.name!r} must be colocated or dedicated.")
-    if cfg.layout.backend not in ("gloo", "nccl"):
-        raise ConfigError(f"layout.backend={cfg.layout.backend!r} must be gloo or nccl.")
+    problem = check_device(cfg.device)
+    if problem:
+        raise ConfigError(problem)
+    on_cuda = resolve_device(cfg.device).type == "cuda"
+    if cfg.layout.backend not in ("auto", "gloo", "cuda_ipc", "nccl"):
+        raise ConfigError(
+            f"layout.backend={cfg.layout.backend!r} must be auto, gloo, cuda_ipc or nccl."
+        )
     if cfg.layout.backend == "nccl":
         raise ConfigError(
-            "layout.backend=nccl needs CUDA; the native engine runs on CPU: use gloo."
+            "layout.backend=nccl (generator on its own GPU) is not available yet; use "
+            "layout.backend=auto (gloo on the CPU, cuda_ipc on one GPU)."
+        )
+    if cfg.layout.backend == "cuda_ipc" and not on_cuda:
+        raise ConfigError("layout.backend=cuda_ipc needs device=cuda; use gloo on the CPU.")
+    if cfg.layout.backend == "gloo" and on_cuda and cfg.layout.name == "dedicated":
+        raise ConfigError(
+            "layout.backend=gloo would copy CUDA weights through the host; use "
+            "layout.backend=cuda_ipc (or auto) with device=cuda."
         )
     if cfg.engine.name != "native":
         raise ConfigError(f"engine.name={cfg.engine.name!r} is not available; use native.")
     if cfg.kv.mode not in ("recompute", "persist"):
         raise ConfigError(f"kv.mode={cfg.kv.mode!r} must be recompute or persist.")
     _positive(cfg.engine.max_batch_size, "engine.max_batch_size")
+    if cfg.engine.sync_every < 0:
+        raise ConfigError(f"engine.sync_every={cfg.engine.sync_every} must be >= 0 (0: auto).")
     if cfg.engine.prefill_chunk < 0:
         raise ConfigError(f"engine.prefill_chunk={cfg.engine.prefill_chunk} must be >= 0.")
     _positive(cfg.engine.prefix_cache_blocks, "engine.prefix_cache_blocks")
@@ -245,6 +272,16 @@ def validate(
         raise ConfigError(f"rl.score_micro_batch={cfg.rl.score_micro_batch} must be >= 0.")
     if cfg.rl.clip_eps <= 0 or cfg.rl.grad_clip <= 0 or cfg.rl.kl_coef < 0:
         raise ConfigError("rl.clip_eps and rl.grad_clip must be positive and rl.kl_coef >= 0.")
+    if cfg.task.name not in TASKS:
+        raise ConfigError(
+            f"task.name={cfg.task.name!r} is not a built-in task; use one of {TASKS}."
+        )
+    if cfg.task.modulus < 2:
+        raise ConfigError(f"task.modulus={cfg.task.modulus} must be >= 2.")
+    if not 1 <= cfg.task.min_prompt_len <= cfg.task.max_prompt_len:
+        raise ConfigError(
+            "task.min_prompt_len and task.max_prompt_len must satisfy 1 <= min <= max."
+        )
     if cfg.task.max_operand < 0 or cfg.task.max_operand > 9:
         raise ConfigError(f"task.max_operand={cfg.task.max_operand} must be between 0 and 9.")
     dump = cfg.tracking.dump_tokens

@@ -33,20 +33,21 @@ def register(name: str, cause: str, remedy: str, test: str) -> Fix:
 
 register(
     "batch_invariant_gemm",
-    "the GEMM kernel and its K-reduction order are chosen by the row count M",
-    "every GEMM runs on fixed 16-row tiles, so a row's result never depends on M",
+    "the GEMM kernel and its K-reduction order (split-K on a GPU) are chosen by the row count M",
+    "CPU: every GEMM runs on fixed 16-row tiles; CUDA: one Triton tile config walking K in "
+    "order; a row's result never depends on M",
     "tests/test_ops.py::test_gemm_rows_independent_of_batch",
 )
 register(
     "batch_invariant_reductions",
     "norm / softmax-sum reductions may split a row differently by shape",
-    "row sums are a fixed pairwise tree of elementwise adds",
+    "CPU: row sums are a fixed pairwise tree of elementwise adds; CUDA: one program per row",
     "tests/test_ops.py::test_rms_norm_reduction_order",
 )
 register(
     "attention_fixed_split",
     "decode attention (1 query vs the cache) reduces keys in another order than prefill",
-    "KV goes to the cache first; one kernel walks keys in fixed blocks of 16 from position 0",
+    "KV goes to the cache first; one kernel walks keys in fixed blocks from position 0",
     "tests/test_ops.py::test_attention_decode_equals_prefill",
 )
 register(

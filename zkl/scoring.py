@@ -27,7 +27,7 @@ def sequence_logprobs(
     model: torch.nn.Module, tokens: torch.Tensor, temperature: float | torch.Tensor = 1.0
 ) -> torch.Tensor:
     """fp32 logprob [B, T-1] of tokens[:, 1:] under the model (differentiable)."""
-    positions = torch.arange(tokens.shape[1]).expand_as(tokens)
+    positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
     logits = model(tokens, positions)  # [B, T, V]
     if isinstance(temperature, torch.Tensor):
         temperature = temperature.reshape(-1, 1, 1)
@@ -42,17 +42,18 @@ def score(
     temperatures: list[float] | None = None,
     micro_batch_size: int = 0,
 ) -> list[torch.Tensor]:
-    """Train-path logprobs of each response's tokens, fp32, one tensor per sequence.
+    """Train-path logprobs of each response's tokens, fp32 on the CPU, one tensor per sequence.
 
     `micro_batch_size` > 0 splits the forward into groups of that many sequences.
     """
     size = micro_batch_size or len(prompts)
+    device = next(model.parameters()).device
     out: list[torch.Tensor] = []
     for lo in range(0, len(prompts), size):
         p, r = prompts[lo : lo + size], responses[lo : lo + size]
         tokens, mask = pad_sequences(p, r)
-        temps = torch.tensor(temperatures[lo : lo + size]) if temperatures else 1.0
-        logp = sequence_logprobs(model, tokens, temps)
+        temps = torch.tensor(temperatures[lo : lo + size], device=device) if temperatures else 1.0
+        logp = sequence_logprobs(model, tokens.to(device), temps).cpu()
         for i in range(len(p)):
             out.append(logp[i][mask[i, :-1]])
     return out

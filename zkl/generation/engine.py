@@ -1,7 +1,11 @@
 """The generation engine: prefill, decode with a KV cache, continuous batching.
 
 A request joins as soon as a slot frees and leaves at EOS or its token limit, so the batch
-composition changes from one step to the next. The engine reports, for every sampled token,
+composition changes from one step to the next. Decode state (next token, position, counts,
+outputs, sampling parameters) lives on the model's device, one row per slot, and a decode
+step runs without Python per row and without reading anything back: the host looks at which
+rows finished only every `sync_every` steps (a finished row idles until then, recomputing
+its last token, which changes no other row). The engine reports, for every sampled token,
 the raw logprob of `logits / temperature` (the `logprob_path` fix) or, with that fix off,
 what a fast engine reports: the logprob of the processed logits in the model dtype.
 """
@@ -9,14 +13,14 @@ what a fast engine reports: the logprob of the processed logits in the model dty
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from zkl import ops
 from zkl.generation.kv_cache import KVCache
 from zkl.generation.prefix_cache import PrefixCache
-from zkl.generation.sampling import SamplingParams, processed_logits, sample
+from zkl.generation.sampling import SamplingParams, gumbel_noise, processed_logits
 from zkl.invariance import is_enabled
 from zkl.precision import weight_cache
 
@@ -33,18 +37,9 @@ class Completion:
     request_id: int
     prompt: list[int]
     tokens: list[int]
-    logprobs: torch.Tensor  # fp32 [len(tokens)]
+    logprobs: torch.Tensor  # fp32 [len(tokens)], on the CPU
     finish_reason: str  # "eos" | "length"
     weight_version: int
-
-
-@dataclass
-class _Running:
-    request: Request
-    generator: torch.Generator
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[torch.Tensor] = field(default_factory=list)
-    finish_reason: str | None = None
 
 
 @dataclass
@@ -55,26 +50,69 @@ class EngineStats:
     generated_tokens: int = 0
 
 
+class SlotState:
+    """Per-slot decode state on the device: row s belongs to whichever request holds slot s."""
+
+    def __init__(self, num_slots: int, max_new: int, device: torch.device):
+        def zeros(*shape, dtype=torch.int64):
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        self.token = zeros(num_slots)  # the next input token (the last sampled one)
+        self.pos = zeros(num_slots)  # its position
+        self.count = zeros(num_slots)  # tokens generated so far
+        self.done = torch.ones(num_slots, dtype=torch.bool, device=device)
+        self.seed = zeros(num_slots)
+        self.max_new = zeros(num_slots)
+        self.top_k = zeros(num_slots)
+        self.temperature = zeros(num_slots, dtype=torch.float32)
+        self.top_p = zeros(num_slots, dtype=torch.float32)
+        self.out_tokens = zeros(num_slots, max_new)
+        self.out_logprobs = zeros(num_slots, max_new, dtype=torch.float32)
+
+    def admit(self, slots: torch.Tensor, requests: list[Request], last_pos: list[int]) -> None:
+        """Reset the rows of `slots` for new requests whose last prompt token is at `last_pos`."""
+        device = slots.device
+
+        def put(field: torch.Tensor, values: list) -> None:
+            field[slots] = torch.tensor(values, dtype=field.dtype).to(device, non_blocking=True)
+
+        params = [r.params for r in requests]
+        put(self.pos, last_pos)
+        put(self.count, [0] * len(requests))
+        put(self.done, [False] * len(requests))
+        put(self.seed, [p.seed for p in params])
+        put(self.max_new, [p.max_new_tokens for p in params])
+        put(self.top_k, [p.top_k for p in params])
+        put(self.temperature, [p.temperature for p in params])
+        put(self.top_p, [p.top_p for p in params])
+
+
 class GenerationEngine:
     def __init__(
         self,
         model: torch.nn.Module,
         *,
         max_batch_size: int,
-        eos_id: int,
+        eos_id: int | None,
         kv_mode: str = "recompute",
         prefill_chunk: int = 0,
         prefix_cache_blocks: int = 4096,
+        sync_every: int = 1,
     ):
         self.model = model
         self.max_batch_size = max_batch_size
-        self.eos_id = eos_id
+        self.eos_id = eos_id if eos_id is not None and eos_id >= 0 else None
         self.kv_mode = kv_mode
         self.prefill_chunk = prefill_chunk
+        self.sync_every = sync_every
         self.prefix_cache = PrefixCache(prefix_cache_blocks) if kv_mode == "persist" else None
         self.weight_version = 0
         self.quant_cache: dict[int, torch.Tensor] = {}  # quantized weights, filled lazily
         self.stats = EngineStats()
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
 
     # -- refit --------------------------------------------------------------------------
     def on_refit(self, version: int) -> None:
@@ -97,8 +135,9 @@ class GenerationEngine:
     def generate(self, requests: list[Request]) -> list[Completion]:
         """Run every request to EOS or its limit; completions come back in request order."""
         self.stats = EngineStats()
-        cfg = self.model.cfg
-        max_len = max(len(r.prompt) + r.params.max_new_tokens for r in requests)
+        cfg, device = self.model.cfg, self.device
+        max_new = max(r.params.max_new_tokens for r in requests)
+        max_len = max(len(r.prompt) for r in requests) + max_new
         dtype = self.model.embed_tokens.weight.dtype
         cache = KVCache(
             cfg.num_hidden_layers,
@@ -107,47 +146,65 @@ class GenerationEngine:
             max_len,
             cfg.head_dim,
             dtype,
+            device,
+        )
+        state = SlotState(self.max_batch_size, max_new, device)
+        self._filters = (
+            any(r.params.top_k > 0 for r in requests),
+            any(r.params.top_p < 1 for r in requests),
         )
         waiting = deque(requests)
         free = list(range(self.max_batch_size - 1, -1, -1))
-        running: dict[int, _Running] = {}
+        running: dict[int, Request] = {}
         done: dict[int, Completion] = {}
         with weight_cache(self.quant_cache):
             while waiting or running:
-                admitted: list[tuple[int, _Running]] = []
+                admitted: list[tuple[int, Request]] = []
                 while waiting and free:
-                    request = waiting.popleft()
-                    gen = torch.Generator().manual_seed(request.params.seed)
-                    admitted.append((free.pop(), _Running(request, gen)))
+                    admitted.append((free.pop(), waiting.popleft()))
                 if admitted:
-                    self._prefill(cache, admitted)
+                    self._prefill(cache, state, admitted)
                     running.update(admitted)
-                    self._retire(running, free, done)
+                    self._retire(state, running, free, done)
                 if running:
-                    self._decode(cache, running)
-                    self._retire(running, free, done)
+                    rows = torch.tensor(list(running), device=device)
+                    for _ in range(self.sync_every):
+                        self._decode(cache, state, rows)
+                    self._retire(state, running, free, done)
         return [done[r.request_id] for r in requests]
 
-    def _retire(self, running: dict[int, _Running], free: list[int], done: dict) -> None:
-        for slot in [s for s, r in running.items() if r.finish_reason]:
-            r = running.pop(slot)
+    def _retire(self, state: SlotState, running: dict, free: list[int], done: dict) -> None:
+        """The host's look at the device state: move finished requests out of their slots."""
+        slots = list(running)
+        finished = [s for s, d in zip(slots, state.done[slots].tolist()) if d]
+        if not finished:
+            return
+        counts = state.count[finished].tolist()
+        tokens = state.out_tokens[finished].tolist()
+        logprobs = state.out_logprobs[finished].cpu()
+        for i, slot in enumerate(finished):
+            request = running.pop(slot)
             free.append(slot)
-            done[r.request.request_id] = Completion(
-                r.request.request_id,
-                r.request.prompt,
-                r.tokens,
-                torch.stack(r.logprobs),
-                r.finish_reason,
+            out = tokens[i][: counts[i]]
+            reason = "eos" if self.eos_id is not None and out[-1] == self.eos_id else "length"
+            done[request.request_id] = Completion(
+                request.request_id,
+                request.prompt,
+                out,
+                logprobs[i, : counts[i]].clone(),
+                reason,
                 self.weight_version,
             )
+            self.stats.generated_tokens += counts[i]
 
-    def _prefill(self, cache: KVCache, admitted: list[tuple[int, _Running]]) -> None:
+    def _prefill(self, cache: KVCache, state: SlotState, admitted: list[tuple[int, Request]]):
         """Prompt KV of the admitted requests (prefix-cache hits copied in), first token each."""
+        device = self.device
         starts = []
-        for slot, r in admitted:
+        for slot, request in admitted:
             start = 0
             if self.prefix_cache is not None:
-                blocks = self.prefix_cache.match(r.request.prompt, self.weight_version)
+                blocks = self.prefix_cache.match(request.prompt, self.weight_version)
                 if blocks:
                     k = torch.cat([b.k for b in blocks], dim=2)  # [L, Hkv, n, D]
                     v = torch.cat([b.v for b in blocks], dim=2)
@@ -156,68 +213,78 @@ class GenerationEngine:
                     start = k.shape[2]
             starts.append(start)
             self.stats.prefix_hit_tokens += start
-        lengths = [len(r.request.prompt) - s for (_, r), s in zip(admitted, starts)]
+        lengths = [len(r.prompt) - s for (_, r), s in zip(admitted, starts)]
         width = max(lengths)
         chunk = self.prefill_chunk or width
         tokens = torch.zeros(len(admitted), width, dtype=torch.long)
         for i, ((_, r), s) in enumerate(zip(admitted, starts)):
-            tokens[i, : lengths[i]] = torch.tensor(r.request.prompt[s:])
-        slots = torch.tensor([slot for slot, _ in admitted])
-        last = torch.tensor(lengths) - 1  # index of each row's last prompt token
-        final_logits = [None] * len(admitted)
+            tokens[i, : lengths[i]] = torch.tensor(r.prompt[s:])
+        tokens = tokens.to(device)
+        slots = torch.tensor([slot for slot, _ in admitted], device=device)
+        last = [n - 1 for n in lengths]  # index of each row's last prompt token
+        final_logits = None
         for lo in range(0, width, chunk):
             hi = min(lo + chunk, width)
-            positions = torch.tensor(starts).unsqueeze(1) + torch.arange(lo, hi)
-            logits = self.model(
-                tokens[:, lo:hi],
-                positions,
-                cache,
-                slots,
-                logit_index=(last - lo).clamp(0, hi - lo - 1),
-            )
-            for i in range(len(admitted)):
-                if lo <= last[i] < hi:
-                    final_logits[i] = logits[i]
+            positions = (torch.tensor(starts).unsqueeze(1) + torch.arange(lo, hi)).to(device)
+            index = torch.tensor([min(max(n - lo, 0), hi - lo - 1) for n in last], device=device)
+            logits = self.model(tokens[:, lo:hi], positions, cache, slots, logit_index=index)
+            if final_logits is None:
+                final_logits = torch.empty_like(logits)
+            ending = [i for i, n in enumerate(last) if lo <= n < hi]
+            if ending:
+                ending_t = torch.tensor(ending, device=device)
+                final_logits[ending_t] = logits[ending_t]
         self.stats.prefill_tokens += sum(lengths)
-        self._sample([r for _, r in admitted], torch.stack(final_logits))
+        requests = [r for _, r in admitted]
+        state.admit(slots, requests, [len(r.prompt) - 1 for r in requests])
+        self._sample(state, slots, final_logits)
         if self.prefix_cache is not None:
-            for slot, r in admitted:
-                n = len(r.request.prompt)
+            for slot, request in admitted:
+                n = len(request.prompt)
                 self.prefix_cache.insert(
-                    r.request.prompt,
+                    request.prompt,
                     self.weight_version,
                     cache.k[:, slot, :, :n],
                     cache.v[:, slot, :, :n],
                 )
 
-    def _decode(self, cache: KVCache, running: dict[int, _Running]) -> None:
-        """One token for every running request, all in one batch."""
-        slots = list(running)
-        rows = [running[s] for s in slots]
-        tokens = torch.tensor([[r.tokens[-1]] for r in rows])
-        positions = torch.tensor([[len(r.request.prompt) + len(r.tokens) - 1] for r in rows])
-        logits = self.model(tokens, positions, cache, torch.tensor(slots))[:, 0]
+    def _decode(self, cache: KVCache, state: SlotState, rows: torch.Tensor) -> None:
+        """One token for every running slot `rows` [B], all in one batch, all on the device."""
+        tokens = state.token[rows].unsqueeze(1)
+        positions = state.pos[rows].unsqueeze(1)
+        logits = self.model(tokens, positions, cache, rows)[:, 0]
         self.stats.decode_steps += 1
-        self._sample(rows, logits)
+        self._sample(state, rows, logits)
 
-    def _sample(self, rows: list[_Running], logits: torch.Tensor) -> None:
-        """logits [B, V] -> next token and its logprob for every row."""
-        next_tokens = [sample(lg, r.request.params, r.generator) for r, lg in zip(rows, logits)]
-        token_ids = torch.tensor(next_tokens)
+    def _sample(self, state: SlotState, rows: torch.Tensor, logits: torch.Tensor) -> None:
+        """logits [B, V] -> next token and its logprob for the slots `rows`; finished rows idle."""
+        top_k_any, top_p_any = self._filters
+        count = state.count[rows]
+        temps = state.temperature[rows]
+        scores = processed_logits(
+            logits,
+            temps,
+            state.top_k[rows] if top_k_any else None,
+            state.top_p[rows] if top_p_any else None,
+        )
+        noise = gumbel_noise(state.seed[rows], count, logits.shape[-1])
+        next_tokens = (scores + noise).argmax(dim=-1)
         if is_enabled("logprob_path"):
-            temps = torch.tensor([[r.request.params.temperature] for r in rows])
-            logprobs = ops.token_logprobs(logits, token_ids, temps)
+            logprobs = ops.token_logprobs(logits, next_tokens, temps.unsqueeze(-1))
         else:  # what a fast engine reports: processed logits, log-softmax in the model dtype
-            processed = torch.stack(
-                [processed_logits(lg, r.request.params) for r, lg in zip(rows, logits)]
-            )
-            logp = torch.log_softmax(processed.to(logits.dtype), dim=-1)
-            logprobs = logp.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1).float()
-        self.stats.generated_tokens += len(rows)
-        for r, token, lp in zip(rows, next_tokens, logprobs):
-            r.tokens.append(token)
-            r.logprobs.append(lp)
-            if token == self.eos_id:
-                r.finish_reason = "eos"
-            elif len(r.tokens) >= r.request.params.max_new_tokens:
-                r.finish_reason = "length"
+            logp = torch.log_softmax(scores.to(logits.dtype), dim=-1)
+            logprobs = logp.gather(-1, next_tokens.unsqueeze(-1)).squeeze(-1).float()
+        live = ~state.done[rows]
+        column = count.clamp(max=state.out_tokens.shape[1] - 1)
+        old_tokens = state.out_tokens[rows, column]
+        old_logprobs = state.out_logprobs[rows, column]
+        state.out_tokens[rows, column] = torch.where(live, next_tokens, old_tokens)
+        state.out_logprobs[rows, column] = torch.where(live, logprobs, old_logprobs)
+        count = count + live.long()
+        finished = count >= state.max_new[rows]
+        if self.eos_id is not None:
+            finished |= next_tokens == self.eos_id
+        state.count[rows] = count
+        state.token[rows] = torch.where(live, next_tokens, state.token[rows])
+        state.pos[rows] = state.pos[rows] + live.long()
+        state.done[rows] = state.done[rows] | (live & finished)

@@ -14,10 +14,11 @@ class KVCache:
         max_len: int,
         head_dim: int,
         dtype: torch.dtype,
+        device: torch.device | str = "cpu",
     ):
         shape = (num_layers, num_slots, num_kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype)  # [L, S, Hkv, max_len, D]
-        self.v = torch.zeros(shape, dtype=dtype)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, S, Hkv, max_len, D]
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_len = max_len
 
     def update(
@@ -28,11 +29,15 @@ class KVCache:
         k: torch.Tensor,
         v: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v [B, Hkv, T, D] at `positions` [B, T] of `slots` [B]; return the rows' KV."""
+        """Write k, v [B, Hkv, T, D] at `positions` [B, T] of `slots` [B].
+
+        Returns the layer's whole K, V buffers [S, Hkv, max_len, D]; attention reads the
+        rows' slots in place.
+        """
         rows = slots.unsqueeze(-1).expand_as(positions)  # [B, T]
         self.k[layer, rows, :, positions] = k.transpose(1, 2).to(self.k.dtype)
         self.v[layer, rows, :, positions] = v.transpose(1, 2).to(self.v.dtype)
-        return self.k[layer, slots], self.v[layer, slots]
+        return self.k[layer], self.v[layer]
 
     def read(self, layer: int, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V [Hkv, length, D] of one slot's first `length` positions (for the prefix cache)."""

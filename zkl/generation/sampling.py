@@ -1,10 +1,18 @@
-"""Seeded sampling: each request owns a generator, so its samples never depend on neighbours."""
+"""Sampling on the device, vectorized over the batch, with a counter-based generator.
+
+A request's draw at its n-th generated token is a pure function of (its seed, n, its
+logits): Gumbel-max over `processed logits + Gumbel(hash(seed, n, vocab id))`. No row ever
+reads another row's values and there is no generator state, so the decode loop samples the
+whole batch in a few kernels, without Python per row and without a host sync.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+from zkl import rng
 
 
 @dataclass(frozen=True)
@@ -16,22 +24,49 @@ class SamplingParams:
     seed: int = 0
 
 
-def processed_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """logits [V] -> fp32 logits / temperature with top-k / top-p filtered to -inf."""
-    out = logits.float() / params.temperature
-    if params.top_k > 0:
-        kth = torch.topk(out, min(params.top_k, out.shape[-1])).values[-1]
-        out = out.masked_fill(out < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_logits, order = out.sort(descending=True, stable=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        drop = probs.cumsum(-1) - probs > params.top_p  # keep the token that crosses top_p
-        out = out.clone()
-        out[order[drop]] = float("-inf")
-    return out
+def processed_logits(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """logits [B, V] -> fp32 logits / temperature [B] with top-k [B] / top-p [B] set to -inf.
+
+    `top_k` 0 and `top_p` 1 leave a row unfiltered; pass None when no row filters (the
+    caller knows from the requests, so no device value is read).
+    """
+    out = logits.float() / temperature.unsqueeze(-1)
+    if top_k is None and top_p is None:
+        return out
+    vocab = out.shape[-1]
+    sorted_logits, order = out.sort(dim=-1, descending=True, stable=True)
+    drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if top_k is not None:
+        k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)
+        kth = sorted_logits.gather(-1, (k - 1).unsqueeze(-1))
+        drop |= sorted_logits < kth
+    if top_p is not None:
+        kept = sorted_logits.masked_fill(drop, float("-inf"))
+        probs = torch.softmax(kept, dim=-1)
+        # keep the token that crosses top_p
+        drop |= (probs.cumsum(-1) - probs > top_p.unsqueeze(-1)) & (top_p < 1).unsqueeze(-1)
+    return out.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    """Draw one token from logits [V] with the request's own generator."""
-    probs = torch.softmax(processed_logits(logits, params), dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+def gumbel_noise(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Gumbel(0, 1) noise [B, V] keyed by each row's (seed, token index) and the vocab id."""
+    keys = rng.key(seeds, counters, device=seeds.device)
+    return -torch.log(-torch.log(rng.uniform(keys, vocab)))
+
+
+def sample(
+    logits: torch.Tensor,
+    seeds: torch.Tensor,
+    counters: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Next token [B] (int64, on the logits' device) of every row: Gumbel-max sampling."""
+    scores = processed_logits(logits, temperature, top_k, top_p)
+    return (scores + gumbel_noise(seeds, counters, logits.shape[-1])).argmax(dim=-1)

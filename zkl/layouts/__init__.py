@@ -6,6 +6,7 @@ from typing import Protocol
 
 import torch
 
+from zkl.device import resolve_device
 from zkl.generation.engine import Completion, EngineStats, GenerationEngine, Request
 from zkl.invariance import is_enabled
 from zkl.models import build_model
@@ -47,21 +48,35 @@ def load_refit(model: torch.nn.Module, payload: dict[str, torch.Tensor]) -> None
             p.copy_(payload[name])
 
 
-def build_engine(cfg, model: torch.nn.Module, eos_id: int) -> GenerationEngine:
+def sync_every(cfg, device: torch.device) -> int:
+    """`engine.sync_every`, with 0 meaning 1 on the CPU and 8 on a GPU."""
+    if cfg.engine.sync_every:
+        return cfg.engine.sync_every
+    return 8 if device.type == "cuda" else 1
+
+
+def build_engine(cfg, model: torch.nn.Module, eos_id: int | None) -> GenerationEngine:
+    """The engine over `model`; `sampling.ignore_eos` turns EOS off (fixed-length responses)."""
+    device = model.embed_tokens.weight.device
     return GenerationEngine(
         model,
         max_batch_size=cfg.engine.max_batch_size,
-        eos_id=eos_id,
+        eos_id=None if cfg.sampling.ignore_eos else eos_id,
         kv_mode=cfg.kv.mode,
         prefill_chunk=cfg.engine.prefill_chunk,
         prefix_cache_blocks=cfg.engine.prefix_cache_blocks,
+        sync_every=sync_every(cfg, device),
     )
 
 
 def build_generation_model(cfg) -> torch.nn.Module:
     """The generator's own copy of the architecture (weights arrive with the first refit)."""
     return build_model(
-        cfg.model, DTYPES[cfg.precision.compute_dtype], cfg.precision.linear_quant, seed=cfg.seed
+        cfg.model,
+        DTYPES[cfg.precision.compute_dtype],
+        cfg.precision.linear_quant,
+        cfg.seed,
+        resolve_device(cfg.device),
     )
 
 

@@ -1,9 +1,12 @@
-"""Dedicated: the generator is a separate process; weights go over torch.distributed.
+"""Dedicated: the generator is a separate process with its own copy of the weights.
 
 Requests, results and refit manifests travel over a pipe; the weights themselves travel as
-one flat byte buffer broadcast from the trainer (rank 0) to the generator (rank 1), so the
-copy is bitwise whatever the dtype. The generator only swaps weights in after the whole
-buffer has arrived and matches the manifest: it never holds a mix of two versions.
+one flat byte buffer, so the copy is bitwise whatever the dtype. On the CPU (`gloo`) the
+buffer is broadcast from the trainer (rank 0) to the generator (rank 1); on one GPU
+(`cuda_ipc`) the trainer packs it in device memory and hands the generator a CUDA IPC
+handle to it, so the generator copies device to device with no host round trip. The
+generator only swaps weights in after the whole buffer has arrived and matches the
+manifest: it never holds a mix of two versions.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from zkl import invariance
+from zkl.device import resolve_device
 from zkl.generation.engine import Completion, EngineStats, Request
 from zkl.layouts import build_engine, build_generation_model, load_refit, refit_payload
 from zkl.precision import DTYPES
@@ -55,10 +59,28 @@ def unpack(manifest, flat: torch.Tensor) -> dict[str, torch.Tensor]:
     return out
 
 
+def transport(cfg) -> str:
+    """`layout.backend` with `auto` resolved: gloo on the CPU, cuda_ipc on a GPU."""
+    if cfg.layout.backend != "auto":
+        return cfg.layout.backend
+    return "cuda_ipc" if resolve_device(cfg.device).type == "cuda" else "gloo"
+
+
+def _init_group(cfg, port: int, rank: int) -> None:
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=2,
+        timeout=timedelta(seconds=cfg.layout.timeout_s),
+    )
+
+
 class DedicatedGenerator:
     def __init__(self, cfg, eos_id: int):
         self.gen_dtype = DTYPES[cfg.precision.compute_dtype]
         self.timeout = cfg.layout.timeout_s
+        self.transport = transport(cfg)
         port = _free_port()
         ctx = mp.get_context("spawn")
         self.conn, child_conn = ctx.Pipe()
@@ -67,13 +89,8 @@ class DedicatedGenerator:
         self.proc = ctx.Process(target=_worker, args=args, daemon=True)
         self.proc.start()
         self._expect("alive")  # a child that dies at start-up fails here, not at rendezvous
-        dist.init_process_group(
-            cfg.layout.backend,
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=0,
-            world_size=2,
-            timeout=timedelta(seconds=self.timeout),
-        )
+        if self.transport == "gloo":
+            _init_group(cfg, port, rank=0)
         self._expect("ready")
 
     def _expect(self, kind: str):
@@ -95,9 +112,13 @@ class DedicatedGenerator:
 
     def refit(self, state: dict[str, torch.Tensor], version: int) -> None:
         manifest, flat = pack(refit_payload(state, self.gen_dtype))
-        self.conn.send(("refit", version, manifest, flat.numel()))
-        dist.broadcast(flat, src=0)
-        (got,) = self._expect("refitted")
+        if self.transport == "cuda_ipc":  # the pipe carries an IPC handle to `flat`
+            torch.cuda.current_stream(flat.device).synchronize()
+            self.conn.send(("refit", version, manifest, flat))
+        else:
+            self.conn.send(("refit", version, manifest, flat.numel()))
+            dist.broadcast(flat, src=0)
+        (got,) = self._expect("refitted")  # `flat` stays alive until the copy is done
         assert got == version
 
     def configure(self, max_batch_size: int | None, prefill_chunk: int | None) -> None:
@@ -120,13 +141,8 @@ def _worker(cfg, fixes, eos_id: int, port: int, conn, threads: int) -> None:
         torch.set_num_threads(threads)
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
         conn.send(("alive",))
-        dist.init_process_group(
-            cfg.layout.backend,
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=1,
-            world_size=2,
-            timeout=timedelta(seconds=cfg.layout.timeout_s),
-        )
+        if transport(cfg) == "gloo":
+            _init_group(cfg, port, rank=1)
         with invariance.enabled(fixes):
             engine = build_engine(cfg, build_generation_model(cfg), eos_id)
             conn.send(("ready",))
@@ -135,10 +151,16 @@ def _worker(cfg, fixes, eos_id: int, port: int, conn, threads: int) -> None:
                 if msg[0] == "stop":
                     break
                 if msg[0] == "refit":
-                    _, version, manifest, nbytes = msg
-                    flat = torch.empty(nbytes, dtype=torch.uint8)
-                    dist.broadcast(flat, src=0)
+                    _, version, manifest, payload = msg
+                    if isinstance(payload, torch.Tensor):  # cuda_ipc: the trainer's buffer
+                        flat = payload
+                    else:
+                        flat = torch.empty(payload, dtype=torch.uint8)
+                        dist.broadcast(flat, src=0)
                     load_refit(engine.model, unpack(manifest, flat))
+                    if flat.is_cuda:
+                        torch.cuda.current_stream(flat.device).synchronize()
+                    del flat, payload
                     engine.on_refit(version)
                     conn.send(("refitted", version))
                 elif msg[0] == "configure":

@@ -12,15 +12,24 @@ __all__ = ["ModelConfig", "Transformer", "build_model", "validate_model"]
 
 
 def build_model(
-    cfg: ModelConfig, compute_dtype: torch.dtype, linear_quant: str = "none", seed: int = 0
+    cfg: ModelConfig,
+    compute_dtype: torch.dtype,
+    linear_quant: str = "none",
+    seed: int = 0,
+    device: torch.device | str = "cpu",
 ) -> Transformer:
-    """The model in its compute dtype: seeded random init, or `cfg.checkpoint` if set."""
-    model = Transformer(cfg)
+    """The model on `device` in its compute dtype: seeded random init, or `cfg.checkpoint`.
+
+    Parameters are created, initialised or loaded on the device itself (no CPU copy of the
+    weights on the way).
+    """
+    with torch.device(device):
+        model = Transformer(cfg)
     if cfg.checkpoint:
         from zkl.models.hf_checkpoint import load_state_dict
 
-        model.load_state_dict(load_state_dict(cfg.checkpoint, cfg), strict=True)
+        model.load_state_dict(load_state_dict(cfg.checkpoint, cfg, device), strict=True)
     else:
         init_weights(model, seed)
     apply_precision(model, compute_dtype, linear_quant)
-    return model
+    return model.to(device)  # the rotary tables, built on the CPU

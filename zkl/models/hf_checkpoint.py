@@ -148,12 +148,12 @@ def _safetensors_files(path: Path) -> list[Path]:
     return files
 
 
-def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+def _read_tensors(path: Path, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
     from safetensors import safe_open
 
     tensors: dict[str, torch.Tensor] = {}
     for file in _safetensors_files(path):
-        with safe_open(str(file), framework="pt", device="cpu") as f:
+        with safe_open(str(file), framework="pt", device=str(device)) as f:
             names = f.keys()
             for key in names:
                 if key in tensors:
@@ -218,10 +218,12 @@ def _name_list(names: list[str], limit: int = 8) -> str:
     return ", ".join(names[:limit]) + more
 
 
-def load_state_dict(path: str | Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """All weights of the checkpoint under zkl's parameter names, as fp32 tensors."""
+def load_state_dict(
+    path: str | Path, cfg: ModelConfig, device: torch.device | str = "cpu"
+) -> dict[str, torch.Tensor]:
+    """All weights of the checkpoint under zkl's parameter names, as fp32 tensors on `device`."""
     path = Path(path)
-    raw = _read_tensors(path)
+    raw = _read_tensors(path, device)
     sd: dict[str, torch.Tensor] = {}
     for hf_key, tensor in raw.items():
         key = hf_key.removeprefix("model.")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from zkl import ops
+from zkl import ops, rng
 from zkl.invariance import is_enabled
 from zkl.models.config import ModelConfig
 from zkl.precision import linear_weight_and_input
@@ -45,8 +45,11 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, max_positions: int, theta: float):
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-        angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)
+        # Built on the CPU whatever the model's device, so every device gets the same tables.
+        steps = torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu")
+        inv_freq = 1.0 / (theta ** (steps / head_dim))
+        positions = torch.arange(max_positions, dtype=torch.float64, device="cpu")
+        angles = torch.outer(positions, inv_freq)
         angles = torch.cat([angles, angles], dim=-1)
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
@@ -84,9 +87,11 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
         q, k = rope(q, positions), rope(k, positions)
-        if cache is not None:
-            k, v = cache.update(self.layer, slots, positions, k, v)  # all cached keys of the rows
-        out = ops.attention(q, k, v, positions)  # [B, H, T, D]
+        kv_rows = None
+        if cache is not None:  # K/V go to the cache first; attention reads the rows' slots
+            k, v = cache.update(self.layer, slots, positions, k, v)  # [S, Hkv, max_len, D]
+            kv_rows = slots
+        out = ops.attention(q, k, v, positions, kv_rows)  # [B, H, T, D]
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
@@ -102,7 +107,14 @@ class MLP(nn.Module):
 
 
 class SparseMoE(nn.Module):
-    """Qwen3-MoE block: softmax router, top-k, renormalised weights, SwiGLU experts."""
+    """Qwen3-MoE block: softmax router, top-k, renormalised weights, SwiGLU experts.
+
+    Tokens are grouped per expert (one stable sort of the (token, slot) pairs, one host
+    sync for the group sizes), each expert runs once on its rows, and the results land in
+    the pairs' own places. With `moe_combine_order` the router is fp32, ties go to the lower
+    expert id, and each token adds its experts' outputs in fp32 in top-k slot order; without
+    it, outputs are scattered back with `index_add` in dispatch order (atomics on a GPU).
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -115,15 +127,20 @@ class SparseMoE(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N, H] -> (expert ids [N, k], fp32 weights [N, k])."""
-        fixed = is_enabled("moe_combine_order")
-        router_in = x.float() if fixed else x
-        weight = self.gate.weight.float() if fixed else self.gate.weight.to(x.dtype)
-        probs = torch.softmax(ops.linear(router_in, weight, None).float(), dim=-1)
-        if fixed:  # stable sort: equal probabilities resolve to the lower expert id
+        if is_enabled("moe_combine_order"):
+            probs = ops.softmax(ops.linear(x.float(), self.gate.weight.float(), None))
+            # stable sort: equal probabilities resolve to the lower expert id
             top_w, top_i = probs.sort(dim=-1, descending=True, stable=True)
             top_w, top_i = top_w[:, : self.top_k], top_i[:, : self.top_k]
-        else:
-            top_w, top_i = probs.topk(self.top_k, dim=-1)
+            if self.norm_topk_prob:
+                total = top_w[:, 0]
+                for s in range(1, self.top_k):  # fixed order, whatever the row count
+                    total = total + top_w[:, s]
+                top_w = top_w / total.unsqueeze(-1)
+            return top_i, top_w
+        gate = self.gate.weight.to(x.dtype)
+        probs = torch.softmax(ops.linear(x, gate, None).float(), dim=-1)
+        top_w, top_i = probs.topk(self.top_k, dim=-1)
         if self.norm_topk_prob:
             top_w = top_w / top_w.sum(-1, keepdim=True)
         return top_i, top_w
@@ -131,27 +148,37 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor, expert_order: list[int] | None = None) -> torch.Tensor:
         """`expert_order` (tests only) visits experts in another order, as GPU dispatch may."""
         shape = x.shape
-        x = x.reshape(-1, shape[-1])
+        x = x.reshape(-1, shape[-1])  # [N, H]
         top_i, top_w = self.route(x)
+        pairs = top_i.reshape(-1)  # pair p = (token p // k, slot p % k)
+        by_expert = torch.sort(pairs, stable=True).indices  # pairs grouped by expert id
+        counts = torch.bincount(pairs, minlength=len(self.experts)).tolist()
+        starts = [0]
+        for c in counts:
+            starts.append(starts[-1] + c)
         order = expert_order if expert_order is not None else range(len(self.experts))
-        if is_enabled("moe_combine_order"):
-            slots = x.new_zeros(x.shape[0], self.top_k, shape[-1], dtype=torch.float32)
-            for e in order:
-                rows, slot = torch.nonzero(top_i == e, as_tuple=True)
-                if rows.numel():
-                    slots[rows, slot] = self.experts[e](x[rows]).float()
-            weighted = slots * top_w.unsqueeze(-1)
+        fixed = is_enabled("moe_combine_order")
+        if fixed:
+            results = x.new_zeros(pairs.numel(), shape[-1], dtype=torch.float32)
+        else:
+            out = torch.zeros_like(x)
+            flat_w = top_w.reshape(-1)
+        for e in order:
+            if not counts[e]:
+                continue
+            chosen = by_expert[starts[e] : starts[e + 1]]  # [c] pair ids
+            rows = chosen // self.top_k
+            y = self.experts[e](x[rows])
+            if fixed:
+                results[chosen] = y.float()
+            else:
+                out.index_add_(0, rows, y * flat_w[chosen].unsqueeze(-1).to(x.dtype))
+        if fixed:
+            weighted = results.view(-1, self.top_k, shape[-1]) * top_w.unsqueeze(-1)
             out = weighted[:, 0]
             for s in range(1, self.top_k):  # fixed order: top-k slot 0, 1, ...
                 out = out + weighted[:, s]
             out = out.to(x.dtype)
-        else:
-            out = torch.zeros_like(x)
-            for e in order:
-                rows, slot = torch.nonzero(top_i == e, as_tuple=True)
-                if rows.numel():
-                    y = self.experts[e](x[rows]) * top_w[rows, slot].unsqueeze(-1).to(x.dtype)
-                    out = out.index_add(0, rows, y)
         return out.reshape(shape)
 
 
@@ -206,15 +233,27 @@ class Transformer(nn.Module):
         return self.lm_head(self.norm(x))
 
 
+INIT_CHUNK = 1 << 24  # elements drawn at a time
+
+
 def init_weights(model: Transformer, seed: int) -> None:
-    """Seeded random init (normal(0, init_std) for matrices, ones for norms, zero biases)."""
-    gen = torch.Generator().manual_seed(seed)
-    std = model.cfg.init_std
+    """Seeded random init: uniform with std `init_std` for matrices, ones for norms, zero biases.
+
+    Each value is a pure function of (seed, parameter index, element index) through
+    `zkl.rng`, computed with exact float operations, so the weights are bitwise the same on
+    the CPU and on a GPU, and are drawn on the parameter's own device.
+    """
+    half_width = model.cfg.init_std * 3.0**0.5  # uniform(-a, a) has std a / sqrt(3)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for index, (name, p) in enumerate(model.named_parameters()):
             if name.endswith("norm.weight") or "layernorm" in name:
                 p.fill_(1.0)
             elif name.endswith("bias"):
                 p.zero_()
             else:
-                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * std)
+                flat = p.view(-1)
+                param_key = rng.key(seed, index, device=p.device)
+                for lo in range(0, flat.numel(), INIT_CHUNK):
+                    count = min(INIT_CHUNK, flat.numel() - lo)
+                    u = rng.uniform(param_key, count, offset=lo)
+                    flat[lo : lo + count] = (u - 0.5) * (2 * half_width)

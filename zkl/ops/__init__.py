@@ -1,6 +1,14 @@
-"""The kernels every engine path calls; each picks its invariant or fast form by named fix."""
+"""The kernels every engine path calls; each picks its form by device and named fix.
+
+Per fix: off -> `fast` (what a default engine runs on any device); on -> the invariant form
+of the tensor's device: `invariant` (CPU reference, the spec) or `cuda` (Triton kernels).
+No model or engine code branches on the device.
+"""
 
 from __future__ import annotations
+
+import importlib
+from types import ModuleType
 
 import torch
 
@@ -8,25 +16,42 @@ from zkl.invariance import is_enabled
 from zkl.ops import fast, invariant
 
 
+def _invariant_for(t: torch.Tensor) -> ModuleType:
+    if t.is_cuda:
+        return importlib.import_module("zkl.ops.cuda")
+    return invariant
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    impl = invariant if is_enabled("batch_invariant_gemm") else fast
+    impl = _invariant_for(x) if is_enabled("batch_invariant_gemm") else fast
     return impl.linear(x, weight, bias)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    impl = invariant if is_enabled("batch_invariant_reductions") else fast
+    impl = _invariant_for(x) if is_enabled("batch_invariant_reductions") else fast
     return impl.rms_norm(x, weight, eps)
 
 
-def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor
-) -> torch.Tensor:
-    """Causal attention: q [B, H, Tq, D], k/v [B, Hkv, Tk, D] (key j at position j).
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    """fp32 softmax over the last dim (the MoE router); invariant with the reductions fix."""
+    impl = _invariant_for(x) if is_enabled("batch_invariant_reductions") else fast
+    return impl.softmax(x)
 
-    q_pos [B, Tq] are the queries' absolute positions.
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    kv_rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention: q [B, H, Tq, D], k/v [R, Hkv, Tk, D] (key j at position j).
+
+    q_pos [B, Tq] are the queries' absolute positions; batch row b reads the keys of row
+    `kv_rows[b]` (the KV-cache slot; default b).
     """
-    impl = invariant if is_enabled("attention_fixed_split") else fast
-    return impl.attention(q, k, v, q_pos)
+    impl = _invariant_for(q) if is_enabled("attention_fixed_split") else fast
+    return impl.attention(q, k, v, q_pos, kv_rows)
 
 
 def token_logprobs(
@@ -36,7 +61,9 @@ def token_logprobs(
 
     logits [..., V], tokens [...] -> fp32 [...]; a tensor temperature broadcasts as [..., 1]
     (fp32, so it divides exactly as the same Python float would). The trainer always uses
-    it; the generator does when `logprob_path` is on.
+    it; the generator does when `logprob_path` is on. Its vocab reduction is invariant with
+    `batch_invariant_reductions` (CPU: torch's, measured row-invariant; CUDA: Triton).
     """
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    if logits.is_cuda and is_enabled("batch_invariant_reductions"):
+        return _invariant_for(logits).token_logprobs(logits, tokens, temperature)
+    return fast.token_logprobs(logits, tokens, temperature)

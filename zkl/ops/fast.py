@@ -16,10 +16,27 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (out * weight.float()).to(x.dtype)
 
 
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x.float(), dim=-1)
+
+
+def token_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float | torch.Tensor = 1.0
+) -> torch.Tensor:
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    kv_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """SDPA: `is_causal` when queries are the keys (scoring, whole prefill), else a mask."""
+    if kv_rows is not None:
+        k, v = k[kv_rows], v[kv_rows]
     num_q = q.shape[2]
     num_keys = int(q_pos.max().item()) + 1
     k, v = k[:, :, :num_keys], v[:, :, :num_keys]

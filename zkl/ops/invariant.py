@@ -54,16 +54,28 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (out * weight.float()).to(x.dtype)
 
 
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    """fp32 softmax; torch's is row-invariant on the CPU (measured, DESIGN.md section 4)."""
+    return torch.softmax(x.float(), dim=-1)
+
+
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    kv_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention, one kernel for prefill, decode and scoring.
 
-    q [B, H, Tq, D]; k, v [B, Hkv, Tk, D] where key j sits at position j; q_pos [B, Tq].
+    q [B, H, Tq, D]; k, v [R, Hkv, Tk, D] where key j sits at position j; q_pos [B, Tq];
+    batch row b reads the keys of row `kv_rows[b]` (default b).
     Keys are visited in blocks of 16 from position 0 with an fp32 online softmax; a block
     with no visible key leaves the state untouched, so the number of blocks a batch needs
     never changes a row's result.
     """
+    if kv_rows is not None:
+        k, v = k[kv_rows], v[kv_rows]
     batch, num_heads, num_q, head_dim = q.shape
     groups = num_heads // k.shape[1]
     if groups > 1:

@@ -77,7 +77,7 @@ def validate_run(cfg: ZklConfig, task) -> None:
 
 def run(cfg: ZklConfig, run_dir: str | Path, progress: bool | None = None) -> list[dict[str, Any]]:
     """Run `cfg.rl.steps` GRPO steps; return the metric rows (also in run_dir/metrics.jsonl)."""
-    task = build_task(cfg.task.name, cfg.task.max_operand)
+    task = build_task(cfg.task, cfg.model.vocab_size)
     validate_run(cfg, task)
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
@@ -141,6 +141,8 @@ def train_step(cfg: ZklConfig, task, policy: Policy, generator, step: int, log: 
             "perf/train_tokens_per_s": train_tokens / (t2 - t1),
         }
     )
+    if policy.device.type == "cuda":
+        row["perf/peak_gpu_mem_gb"] = torch.cuda.max_memory_allocated(policy.device) / 2**30
     log.log(step, row)
     log.log_tokens(token_records(step, completions, lp_train, rewards, cfg.tracking.dump_tokens))
     return row

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from zkl.device import resolve_device
 from zkl.models import build_model
 from zkl.precision import DTYPES
 from zkl.rl.grpo import clipped_pg_loss
@@ -32,8 +33,9 @@ class Policy:
     def __init__(self, cfg) -> None:
         self.cfg = cfg
         self.compute_dtype = DTYPES[cfg.precision.compute_dtype]
+        self.device = resolve_device(cfg.device)
         self.model = build_model(
-            cfg.model, self.compute_dtype, cfg.precision.linear_quant, seed=cfg.seed
+            cfg.model, self.compute_dtype, cfg.precision.linear_quant, cfg.seed, self.device
         )
         self.params = [p for p in self.model.parameters()]
         use_master = cfg.precision.master_weights_fp32 and any(
@@ -58,9 +60,15 @@ class Policy:
         return {name: p.detach() for name, p in self.model.named_parameters()}
 
     def update(self, batch: UpdateBatch) -> dict[str, float]:
-        """One optimizer step per minibatch on the clipped PG loss; returns its statistics."""
+        """One optimizer step per minibatch on the clipped PG loss; returns its statistics.
+
+        `optim/update_norm` is the L2 norm of the change of the model's weights, the ones the
+        forward uses and the generator receives (bf16 ones under a bf16 recipe): zero when an
+        update moved the fp32 masters by less than the weights' precision.
+        """
         rl = self.cfg.rl
-        before = [m.detach().clone() for m in self.masters]
+        device = self.device
+        update_sq = torch.zeros((), dtype=torch.float64, device=device)
         count = len(batch.prompts)
         bounds = torch.linspace(0, count, rl.num_minibatches + 1).long().tolist()
         stats: dict[str, float] = {}
@@ -70,15 +78,17 @@ class Policy:
             mask = mask[:, :-1]
             old = torch.zeros(mask.shape)
             for i, lp in enumerate(batch.old_logprobs[lo:hi]):
-                old[i][mask[i]] = lp
-            temps = torch.tensor(batch.temperatures[lo:hi])
+                old[i][mask[i]] = lp.cpu()
+            tokens, mask, old = tokens.to(device), mask.to(device), old.to(device)
+            temps = torch.tensor(batch.temperatures[lo:hi], device=device)
             logprobs = sequence_logprobs(self.model, tokens, temps)
             ref = None
             if self.reference is not None:
                 with torch.no_grad():
                     ref = sequence_logprobs(self.reference, tokens, temps)
+            advantages = batch.advantages[lo:hi].to(device)
             loss, loss_stats = clipped_pg_loss(
-                logprobs, old, batch.advantages[lo:hi], mask, rl.clip_eps, ref, rl.kl_coef
+                logprobs, old, advantages, mask, rl.clip_eps, ref, rl.kl_coef
             )
             self.optimizer.zero_grad(set_to_none=True)
             for p in self.params:
@@ -87,16 +97,23 @@ class Policy:
             if self.masters is not self.params:
                 for m, p in zip(self.masters, self.params):
                     m.grad = None if p.grad is None else p.grad.float()
+                    p.grad = None  # one copy of the gradients at a time
             grad_norm = torch.nn.utils.clip_grad_norm_(self.masters, rl.grad_clip)
-            self.optimizer.step()
-            if self.masters is not self.params:
-                with torch.no_grad():
+            with torch.no_grad():
+                if self.masters is self.params:
+                    before = [p.detach().clone() for p in self.params]
+                    self.optimizer.step()
+                    for p, b in zip(self.params, before):
+                        update_sq += (p.float() - b.float()).square().sum(dtype=torch.float64)
+                else:
+                    self.optimizer.step()
                     for m, p in zip(self.masters, self.params):
-                        p.copy_(m)
+                        new = m.detach().to(p.dtype)
+                        update_sq += (new.float() - p.float()).square().sum(dtype=torch.float64)
+                        p.copy_(new)
             losses.append(loss.item())
             grad_norms.append(grad_norm.item())
             stats.update(loss_stats)
-        update_sq = sum(((m.detach() - b) ** 2).sum() for m, b in zip(self.masters, before))
         self.version += 1
         stats.update(
             {

@@ -1,6 +1,7 @@
-"""The built-in verifiable task: add two digits; a character tokenizer ships with it.
+"""The built-in verifiable tasks.
 
-Every prompt starts with the same system text (two full 16-token blocks), so the prefix
+`add` (the CPU default): add two digits; a character tokenizer ships with it. Every prompt
+starts with the same system text (two full 16-token blocks), so the prefix
 cache has real hits. The reward gives partial credit for the format, so a tiny random model
 finds signal in its first steps: 1.0 for exactly the sum then EOS, 0.5 for a response that
 starts with the right digit, 0.2 for one that starts with any digit, else 0.
@@ -64,6 +65,15 @@ class AddTask:
         top = self.max_operand
         return [Problem(rng.randint(0, top), rng.randint(0, top)) for _ in range(count)]
 
+    def varied_prompts(self, seed: int, count: int) -> list[list[int]]:
+        """Prompts of varied length behind the shared system prefix (certification)."""
+        rng = random.Random(seed)
+        alphabet = self.tokenizer.encode("0123456789+=abcdefghij ")
+        prefix = self.tokenizer.encode(SYSTEM)
+        return [
+            prefix + [rng.choice(alphabet) for _ in range(rng.randint(1, 24))] for _ in range(count)
+        ]
+
     def reward(self, problem: Problem, response: list[int]) -> float:
         tok = self.tokenizer
         answer = tok.encode(problem.answer)
@@ -76,7 +86,89 @@ class AddTask:
         return 0.0
 
 
-def build_task(name: str, max_operand: int) -> AddTask:
-    if name != "add":
-        raise ValueError(f"task.name={name!r} is not a built-in task; use add.")
-    return AddTask(max_operand)
+class IdTokenizer:
+    """Token ids are the vocabulary itself: 0 is padding, 1 is EOS, the rest are content."""
+
+    pad_id, eos_id = 0, 1
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+
+@dataclass(frozen=True)
+class ResidueProblem:
+    prompt: tuple[int, ...]
+
+    @property
+    def residue_of(self) -> int:
+        return self.prompt[-1]
+
+
+class ResidueTask:
+    """A task over a model's whole (large) vocabulary that a random-weight model can score on.
+
+    A prompt is a shared 32-token prefix (two prefix-cache blocks) and a tail of random
+    content tokens of random length; the reward is the fraction of response tokens whose id
+    is congruent to the prompt's last token modulo `modulus` (EOS counts as a miss). A
+    near-uniform random model earns about 1/modulus a token, so rewards vary inside a group,
+    advantages are non-zero and every step changes the weights; a policy that learns to
+    favour the right residue class earns more.
+    """
+
+    PREFIX_LEN = 32
+
+    def __init__(self, vocab_size: int, modulus: int, min_len: int, max_len: int):
+        self.tokenizer = IdTokenizer(vocab_size)
+        self.modulus, self.min_len, self.max_len = modulus, min_len, max_len
+        prefix_rng = random.Random(0x5EED)
+        self.prefix = [prefix_rng.randrange(2, vocab_size) for _ in range(self.PREFIX_LEN)]
+
+    def prompt(self, problem: ResidueProblem) -> list[int]:
+        return list(problem.prompt)
+
+    @property
+    def max_prompt_len(self) -> int:
+        return self.PREFIX_LEN + self.max_len
+
+    def problems(self, seed: int, step: int, count: int) -> list[ResidueProblem]:
+        rng = random.Random(seed * 1_000_003 + step)
+        vocab = self.tokenizer.vocab_size
+        out = []
+        for _ in range(count):
+            tail = [rng.randrange(2, vocab) for _ in range(rng.randint(self.min_len, self.max_len))]
+            out.append(ResidueProblem(tuple(self.prefix + tail)))
+        return out
+
+    def varied_prompts(self, seed: int, count: int) -> list[list[int]]:
+        """Prompts of varied length behind the shared prefix (certification)."""
+        rng = random.Random(seed)
+        vocab = self.tokenizer.vocab_size
+        return [
+            self.prefix + [rng.randrange(2, vocab) for _ in range(rng.randint(1, 24))]
+            for _ in range(count)
+        ]
+
+    def reward(self, problem: ResidueProblem, response: list[int]) -> float:
+        if not response:
+            return 0.0
+        target = problem.residue_of % self.modulus
+        eos = self.tokenizer.eos_id
+        hits = sum(1 for t in response if t != eos and t % self.modulus == target)
+        return hits / len(response)
+
+
+TASKS = ("add", "residue")
+
+
+def build_task(task_cfg, vocab_size: int) -> AddTask | ResidueTask:
+    """The task `task.name` names; `residue` spans the model's `vocab_size` tokens."""
+    if task_cfg.name == "add":
+        return AddTask(task_cfg.max_operand)
+    if task_cfg.name == "residue":
+        return ResidueTask(
+            vocab_size, task_cfg.modulus, task_cfg.min_prompt_len, task_cfg.max_prompt_len
+        )
+    raise ValueError(f"task.name={task_cfg.name!r} is not a built-in task; use one of {TASKS}.")

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The CUDA acceptance runs (issue: zkl on CUDA), in stages, each logging under $OUT (or ./gpu_out).
+#   bash scripts/gpu_acceptance.sh STAGE
+# smoke:  GPU tests, tiny cert beds, a 3-step qwen2_5_1_5b run (timings and peak memory)
+# beds:   step-0 + 10-step cert beds of every model, bf16 and mxfp8, both kv modes; default mode
+# extra:  dedicated on one GPU (1.5B), ablation on the 1.5B shape, CPU vs CUDA comparison
+set -uo pipefail
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+Q="tracking.wandb.mode=disabled tracking.progress=false"
+BIG="device=cuda task.name=residue engine.max_batch_size=64 sampling.max_new_tokens=16 rl.lr=1e-4"
+M15="model=qwen2_5_1_5b"
+M30="model=qwen3_30b_a3b model.num_hidden_layers=4"
+log() { echo "=== $(date +%T) $*"; }
+zkl() { local dir=$1; shift; log "zkl $*"; timeout 600 python3 -m zkl $Q "$@" hydra.run.dir="$dir"; }
+cert() { local dir=$1; shift; log "cert $*"; timeout 600 python3 -m zkl.cert $Q "$@" hydra.run.dir="$dir"; }
+
+case "${1:-smoke}" in
+smoke)
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+  log pytest; timeout 420 python3 -m pytest -m gpu -q -rfE tests 2>&1 | tail -40
+  cert /tmp/c_tiny device=cuda
+  zkl /tmp/r15 $BIG $M15 rl.steps=3
+  python3 -c "import json;[print({k:v for k,v in json.loads(l).items() if not k.startswith('loss/')}) for l in open('/tmp/r15/metrics.jsonl')]"
+  ;;
+beds)
+  timeout 90 python3 -m pytest -m gpu -q -rfE tests/test_gpu.py -k dedicated 2>&1 | tail -5
+  cert /tmp/c_tiny10 device=cuda cert.steps=10
+  cert /tmp/c15 $BIG $M15 "cert.models=[qwen2_5_1_5b]"
+  cert /tmp/c15_10 $BIG $M15 "cert.models=[qwen2_5_1_5b]" cert.steps=10
+  cert /tmp/c30 $BIG $M30 "cert.models=[qwen3_30b_a3b]"
+  cert /tmp/c30_10 $BIG $M30 "cert.models=[qwen3_30b_a3b]" cert.steps=10
+  ;;
+parallel)  # three streams side by side on one H200: tiny, 1.5B, 30B-A3B cut to 4 layers
+  B15="$BIG rl.prompts_per_step=4 $M15 cert.models=[qwen2_5_1_5b]"
+  B30="$BIG rl.prompts_per_step=4 $M30 cert.models=[qwen3_30b_a3b]"
+  ( cert /tmp/a1 device=cuda cert.steps=10; cert /tmp/a2 device=cuda zero_train_gen_mismatch=false
+    log compare; python3 scripts/compare_devices.py --out /tmp/compare_devices.json ) > "$OUT/A.log" 2>&1 &
+  ( cert /tmp/b1 $B15; cert /tmp/b2 $B15 cert.steps=10; cert /tmp/b3 $B15 "cert.layouts=[dedicated]" cert.steps=10
+    cert /tmp/b4 $B15 zero_train_gen_mismatch=false
+    cert /tmp/b5 $B15 "cert.precisions=[bf16]" "cert.kv=[recompute]" cert.ablate=true ) > "$OUT/B.log" 2>&1 &
+  ( cert /tmp/c1 $B30; cert /tmp/c2 $B30 cert.steps=10; cert /tmp/c3 $B30 zero_train_gen_mismatch=false ) > "$OUT/C.log" 2>&1 &
+  for _ in $(seq "${BUDGET_S:-530}"); do [ -z "$(jobs -rp)" ] && break; sleep 1; done
+  pkill -f zkl.cert; pkill -f compare_devices; sleep 3
+  python3 - "$OUT/cert_all.jsonl" <<'PY'
+import glob, json, sys
+with open(sys.argv[1], "w") as out:
+    for path in sorted(glob.glob("/tmp/*/cert.jsonl")):
+        for line in open(path):
+            out.write(json.dumps({"run": path.split("/")[2], **json.loads(line)}) + "\n")
+PY
+  cp /tmp/compare_devices.json "$OUT/" 2>/dev/null; nvidia-smi --query-gpu=memory.used --format=csv
+  ;;
+finish)  # what `parallel` had no time for: the 1.5B ablation, default mode on the big beds
+  B15="$BIG rl.prompts_per_step=4 $M15 cert.models=[qwen2_5_1_5b] cert.precisions=[bf16] cert.kv=[recompute]"
+  B30="$BIG rl.prompts_per_step=4 $M30 cert.models=[qwen3_30b_a3b] cert.precisions=[bf16] cert.kv=[recompute]"
+  ( cert /tmp/e1 $B15 cert.ablate=true ) > "$OUT/E.log" 2>&1 &
+  ( cert /tmp/f1 $B15 zero_train_gen_mismatch=false; cert /tmp/f2 $B30 zero_train_gen_mismatch=false
+    cert /tmp/f3 $BIG rl.prompts_per_step=4 $M30 cert.models=[qwen3_30b_a3b] cert.precisions=[mxfp8] cert.kv=[persist] cert.steps=10
+  ) > "$OUT/F.log" 2>&1 &
+  for _ in $(seq "${BUDGET_S:-170}"); do [ -z "$(jobs -rp)" ] && break; sleep 1; done
+  pkill -f zkl.cert; sleep 2
+  ;;
+extra)
+  cert /tmp/d_tiny device=cuda zero_train_gen_mismatch=false
+  cert /tmp/d15 $BIG $M15 "cert.models=[qwen2_5_1_5b]" zero_train_gen_mismatch=false
+  cert /tmp/d30 $BIG $M30 "cert.models=[qwen3_30b_a3b]" zero_train_gen_mismatch=false
+  cert /tmp/ded15 $BIG $M15 "cert.models=[qwen2_5_1_5b]" "cert.layouts=[dedicated]"
+  cert /tmp/ded15_10 $BIG $M15 "cert.models=[qwen2_5_1_5b]" "cert.layouts=[dedicated]" cert.steps=10
+  cert /tmp/ab15 $BIG $M15 "cert.models=[qwen2_5_1_5b]" "cert.precisions=[bf16]" "cert.kv=[recompute]" cert.ablate=true
+  cert /tmp/ab15_2 $BIG $M15 "cert.models=[qwen2_5_1_5b]" "cert.precisions=[mxfp8]" "cert.kv=[persist]" cert.ablate=true cert.steps=2
+  log compare; timeout 120 python3 scripts/compare_devices.py --out "$OUT/compare_devices.json"
+  ;;
+esac

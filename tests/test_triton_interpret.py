@@ -1,0 +1,106 @@
+"""The CUDA kernels' logic, run by Triton's interpreter on the CPU at tiny shapes (fp32).
+
+The interpreter computes `tl.dot` with NumPy, so bitwise claims about the GPU are not made
+here (tests/test_gpu.py makes them on the device); these check indexing, masking, the
+online softmax, strides, the KV-row indirection and the backward passes.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("interpreter tests run on CPU-only machines", allow_module_level=True)
+
+from zkl.ops import fast  # noqa: E402
+from zkl.ops.triton import attention, gemm, rowwise  # noqa: E402
+
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+
+def test_gemm_matches_torch_with_bias_and_ragged_tiles():
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(37, 70, generator=g), torch.randn(45, 70, generator=g), torch.randn(45)
+    torch.testing.assert_close(gemm.linear(x, w, b), x @ w.t() + b, **TOL)
+    x3 = torch.randn(2, 3, 70, generator=g)
+    torch.testing.assert_close(gemm.linear(x3, w, None), x3 @ w.t(), **TOL)
+    assert gemm.linear(x[:0], w, None).shape == (0, 45)
+
+
+def test_gemm_backward():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(9, 40, generator=g, requires_grad=True)
+    w = torch.randn(33, 40, generator=g, requires_grad=True)
+    b = torch.randn(33, generator=g, requires_grad=True)
+    gemm.linear(x, w, b).square().sum().backward()
+    grads = [t.grad.clone() for t in (x, w, b)]
+    for t in (x, w, b):
+        t.grad = None
+    (x @ w.t() + b).square().sum().backward()
+    for got, t in zip(grads, (x, w, b)):
+        torch.testing.assert_close(got, t.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_rms_norm_and_softmax_match_torch():
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(4, 5, 48, generator=g), torch.rand(48, generator=g) + 0.5
+    torch.testing.assert_close(rowwise.rms_norm(x, w, 1e-6), fast.rms_norm(x, w, 1e-6), **TOL)
+    xr = x.clone().requires_grad_()
+    rowwise.rms_norm(xr, w, 1e-6).sum().backward()
+    assert xr.grad is not None and xr.grad.shape == x.shape
+    s = torch.randn(7, 12, generator=g)
+    torch.testing.assert_close(rowwise.softmax(s), torch.softmax(s, -1), **TOL)
+
+
+def test_token_logprobs_on_a_sliced_view_and_backward():
+    """The train path hands over logits[:, :-1] of [B, T, V] without a copy."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 6, 9000, generator=g, requires_grad=True)  # > one 4096 block
+    tokens = torch.randint(0, 9000, (3, 5), generator=g)
+    temps = torch.tensor([1.0, 0.7, 1.3]).reshape(-1, 1, 1)
+    got = rowwise.token_logprobs(logits[:, :-1], tokens, temps)
+    want = fast.token_logprobs(logits[:, :-1], tokens, temps)
+    torch.testing.assert_close(got, want, **TOL)
+    got.sum().backward()
+    grad = logits.grad.clone()
+    logits.grad = None
+    want.sum().backward()
+    torch.testing.assert_close(grad, logits.grad, **TOL)
+
+
+def _qkv(seq: int):
+    g = torch.Generator().manual_seed(4)
+    return tuple(torch.randn(2, h, seq, 16, generator=g) for h in (4, 2, 2))
+
+
+def test_attention_matches_sdpa_for_prefill_decode_and_cache_rows():
+    seq = 70  # two key blocks of 64
+    q, k, v = _qkv(seq)
+    positions = torch.arange(seq).expand(2, seq)
+    whole = attention.attention(q, k, v, positions)
+    torch.testing.assert_close(whole, fast.attention(q, k, v, positions), **TOL)
+    cache_k, cache_v = torch.zeros(4, 2, 80, 16), torch.zeros(4, 2, 80, 16)
+    rows = torch.tensor([3, 1])
+    cache_k[rows, :, :seq], cache_v[rows, :, :seq] = k, v
+    for t in (0, 15, 63, 64, 69):
+        pos = torch.full((2, 1), t)
+        out = attention.attention(q[:, :, t : t + 1], cache_k, cache_v, pos, rows)
+        torch.testing.assert_close(out[:, :, 0], whole[:, :, t], **TOL)
+    part = attention.attention(q[:, :, 30:], cache_k, cache_v, positions[:, 30:], rows)
+    torch.testing.assert_close(part, whole[:, :, 30:], **TOL)
+
+
+def test_attention_backward_matches_sdpa():
+    q, k, v = (t.clone().requires_grad_() for t in _qkv(20))
+    positions = torch.arange(20).expand(2, 20)
+    attention.attention(q, k, v, positions).square().sum().backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    fast.attention(q, k, v, positions).square().sum().backward()
+    for got, t in zip(grads, (q, k, v)):
+        torch.testing.assert_close(got, t.grad, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,12 @@
+"""The batch-invariant CUDA forms of the kernels (Triton), behind the same names as the CPU's.
+
+Imported only when a tensor is on a CUDA device, so the CPU path never needs Triton.
+"""
+
+from __future__ import annotations
+
+from zkl.ops.triton.attention import attention
+from zkl.ops.triton.gemm import linear
+from zkl.ops.triton.rowwise import rms_norm, softmax, token_logprobs
+
+__all__ = ["attention", "linear", "rms_norm", "softmax", "token_logprobs"]

@@ -1,0 +1,136 @@
+"""`x @ w.T (+ b)` with one tile configuration per dtype and K walked in order, never split.
+
+Why this kernel and not cuBLAS: cuBLAS picks its algorithm (and split-K) from M, so a row's
+bits change with the batch. Measured on an H200 (DESIGN.md section 4): a GEMM that walks K
+in order without splitting it gives the same bits whatever its M tiling, and equals
+no-split-K cuBLAS. Here the tiles are fixed, so the only thing M changes is how many tiles
+run. The backward is ordinary `torch.mm` (gradients are not compared bitwise).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) per input dtype; fixed on purpose.
+CONFIGS = {
+    torch.bfloat16: (64, 128, 64, 4, 3),
+    torch.float16: (64, 128, 64, 4, 3),
+    torch.float32: (32, 64, 32, 4, 2),
+}
+GROUP_M = 8
+
+
+@triton.jit(do_not_specialize=["M"])
+def _gemm_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_xk,
+    stride_wn,
+    stride_wk,
+    stride_om,
+    stride_on,
+    HAS_BIAS: tl.constexpr,
+    PRECISION: tl.constexpr,  # 'ieee' for fp32 (no TF32), 'tf32' (ignored) for bf16
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    # Grouped tile order (better L2 reuse); it changes which tile runs when, never the math.
+    per_group = GROUP * num_n
+    first_m = (pid // per_group) * GROUP
+    group_rows = tl.minimum(num_m - first_m, GROUP)
+    pid_m = first_m + (pid % per_group) % group_rows
+    pid_n = (pid % per_group) // group_rows
+
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # M * N may pass 2^31
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    w_ptrs = w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk  # [BK, BN]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_left = K - k0
+        a = tl.load(x_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < k_left), other=0.0)
+        b = tl.load(w_ptrs, mask=(offs_k[:, None] < k_left) & (offs_n[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        x_ptrs += BLOCK_K * stride_xk
+        w_ptrs += BLOCK_K * stride_wk
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] @ weight [N, K].T (+ bias [N]) -> [M, N] in x's dtype, fp32 accumulation."""
+    if x.dtype != weight.dtype:
+        raise TypeError(f"gemm needs one dtype, got {x.dtype} and {weight.dtype}")
+    num_rows, depth = x.shape
+    num_cols = weight.shape[0]
+    out = torch.empty(num_rows, num_cols, dtype=x.dtype, device=x.device)
+    if num_rows == 0:
+        return out
+    block_m, block_n, block_k, warps, stages = CONFIGS[x.dtype]
+    grid = (triton.cdiv(num_rows, block_m) * triton.cdiv(num_cols, block_n),)
+    _gemm_kernel[grid](
+        x,
+        weight,
+        bias if bias is not None else x,
+        out,
+        num_rows,
+        num_cols,
+        depth,
+        x.stride(0),
+        x.stride(1),
+        weight.stride(0),
+        weight.stride(1),
+        out.stride(0),
+        out.stride(1),
+        HAS_BIAS=bias is not None,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        GROUP=GROUP_M,
+        num_warps=warps,
+        num_stages=stages,
+    )
+    return out
+
+
+class _Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return gemm(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        grad_x = grad @ weight if ctx.needs_input_grad[0] else None
+        grad_w = grad.t() @ x if ctx.needs_input_grad[1] else None
+        grad_b = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_b
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`F.linear` on the invariant GEMM; x [..., K] (made contiguous once), differentiable."""
+    flat = x.reshape(-1, x.shape[-1])
+    if bias is not None and bias.dtype != x.dtype:
+        bias = bias.to(x.dtype)
+    out = _Linear.apply(flat, weight, bias)
+    return out.reshape(*x.shape[:-1], weight.shape[0])

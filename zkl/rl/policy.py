@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from zkl.checkpoint_check import warn_random_weights
 from zkl.models import build_model
 from zkl.precision import DTYPES
 from zkl.rl.grpo import clipped_pg_loss
@@ -32,6 +33,7 @@ class Policy:
     def __init__(self, cfg) -> None:
         self.cfg = cfg
         self.compute_dtype = DTYPES[cfg.precision.compute_dtype]
+        warn_random_weights(cfg.model)
         self.model = build_model(
             cfg.model, self.compute_dtype, cfg.precision.linear_quant, seed=cfg.seed
         )

@@ -11,9 +11,12 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from zkl.errors import ConfigError
+
 PAD, EOS = "<pad>", "<eos>"
 CHARS = "0123456789+=?:. \nabcdefghijklmnopqrstuvwxyz"
 SYSTEM = "sum the two digits. reply digits.\n"
+TASKS = ("add",)
 
 
 class CharTokenizer:
@@ -77,6 +80,6 @@ class AddTask:
 
 
 def build_task(name: str, max_operand: int) -> AddTask:
-    if name != "add":
-        raise ValueError(f"task.name={name!r} is not a built-in task; use add.")
+    if name not in TASKS:
+        raise ConfigError(f"task.name={name!r} is not a built-in task; use add.")
     return AddTask(max_operand)

@@ -1,8 +1,9 @@
 """The typed configuration: one dataclass per config group, registered in Hydra's ConfigStore.
 
 `conf/` holds the group options as YAML data; these dataclasses are their schema, so a
-misspelt key fails with Hydra's own error (and one added with `+`, in `to_object`). `precision` and `layout` are not in the primary
-defaults list (they are appended with `+precision=...`), so their defaults live here.
+misspelt key fails with Hydra's own error (and one added with `+`, in `to_object`).
+`precision` and `layout` are not in the primary defaults list (they are appended with
+`+precision=...`), so their defaults live here.
 `validate` turns a config that cannot work into one sentence naming the key to change.
 """
 

@@ -20,7 +20,7 @@ INT_MAX = 2**31 - 1  # every integer knob (a count or a size) stays below this
 SEED_MAX = 2**63 - 1  # torch generators take 64-bit seeds
 MAX_SAMPLES_PER_STEP = 2**20  # rl.prompts_per_step * rl.samples_per_prompt
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-4, 1e4
-MAX_TIMEOUT_S = 86400.0
+MIN_TIMEOUT_S, MAX_TIMEOUT_S = 1.0, 86400.0
 MAX_THREADS = 1024
 
 
@@ -77,11 +77,14 @@ def check_limits(cfg: Any) -> None:
             f"rl.num_minibatches={rl.num_minibatches} is more than the {samples} samples of a "
             "step (rl.prompts_per_step * rl.samples_per_prompt)."
         )
-    if not 0 < cfg.layout.timeout_s <= MAX_TIMEOUT_S:
+    if not MIN_TIMEOUT_S <= cfg.layout.timeout_s <= MAX_TIMEOUT_S:
         raise ConfigError(
-            f"layout.timeout_s={cfg.layout.timeout_s} must be positive and at most "
+            f"layout.timeout_s={cfg.layout.timeout_s} must be between {MIN_TIMEOUT_S:g} and "
             f"{MAX_TIMEOUT_S:g} (a day)."
         )
+    for axis in ("models", "precisions", "layouts", "kv"):
+        if not getattr(cfg.cert, axis):
+            raise ConfigError(f"cert.{axis} is empty, so nothing would be certified; name one.")
     if cfg.num_threads > MAX_THREADS:
         raise ConfigError(f"num_threads={cfg.num_threads} must be at most {MAX_THREADS}.")
     dump = cfg.tracking.dump_tokens

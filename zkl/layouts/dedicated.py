@@ -90,13 +90,14 @@ class DedicatedGenerator:
         child_conn.close()  # the child's death now closes the pipe
         self._expect("alive")
         self._watch(
+            "the rendezvous with",
             lambda: dist.init_process_group(
                 cfg.layout.backend,
                 init_method=f"tcp://127.0.0.1:{port}",
                 rank=0,
                 world_size=2,
                 timeout=timedelta(seconds=self.timeout),
-            )
+            ),
         )
         self._expect("ready")
 
@@ -119,7 +120,7 @@ class DedicatedGenerator:
         last = f" (last: {lines[-1].strip()[:200]})" if lines and last_line else ""
         return f"; its stderr is in {self.stderr_path}{last}"
 
-    def _watch(self, blocking) -> None:
+    def _watch(self, what: str, blocking) -> None:
         """Run a blocking collective in a thread; fail as soon as the child is gone."""
         errors: list[BaseException] = []
 
@@ -141,8 +142,7 @@ class DedicatedGenerator:
                 raise self._died()
             first = (str(errors[0]).strip().splitlines() or [""])[0][:300]
             raise RunFault(
-                f"the weight transfer to the generation process failed "
-                f"({type(errors[0]).__name__}: {first})."
+                f"{what} the generation process failed ({type(errors[0]).__name__}: {first})."
             )
 
     def _send(self, msg) -> None:
@@ -178,7 +178,7 @@ class DedicatedGenerator:
     def refit(self, state: dict[str, torch.Tensor], version: int) -> None:
         manifest, flat = pack(refit_payload(state, self.gen_dtype))
         self._send(("refit", version, manifest, flat.numel()))
-        self._watch(lambda: dist.broadcast(flat, src=0))
+        self._watch("the weight transfer to", lambda: dist.broadcast(flat, src=0))
         (got,) = self._expect("refitted")
         assert got == version
 

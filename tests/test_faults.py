@@ -125,6 +125,9 @@ def test_generator_error_is_one_sentence_with_its_traceback_kept(tmp_path):
     assert message.startswith("the generation process failed with ValueError: ")
     assert message.endswith(f"its stderr is in {tmp_path / 'generator_stderr.log'}.")
     assert "Traceback" in (tmp_path / "generator_stderr.log").read_text()
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()  # the failed start cleaned up after itself
 
 
 @pytest.mark.parametrize("layout", ["colocated", "dedicated"])

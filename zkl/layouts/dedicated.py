@@ -88,18 +88,22 @@ class DedicatedGenerator:
         with _sigint_ignored():  # the child starts with Ctrl-C ignored: the parent stops it
             self.proc.start()
         child_conn.close()  # the child's death now closes the pipe
-        self._expect("alive")
-        self._watch(
-            "the rendezvous with",
-            lambda: dist.init_process_group(
-                cfg.layout.backend,
-                init_method=f"tcp://127.0.0.1:{port}",
-                rank=0,
-                world_size=2,
-                timeout=timedelta(seconds=self.timeout),
-            ),
-        )
-        self._expect("ready")
+        try:
+            self._expect("alive")
+            self._watch(
+                "the rendezvous with",
+                lambda: dist.init_process_group(
+                    cfg.layout.backend,
+                    init_method=f"tcp://127.0.0.1:{port}",
+                    rank=0,
+                    world_size=2,
+                    timeout=timedelta(seconds=self.timeout),
+                ),
+            )
+            self._expect("ready")
+        except BaseException:
+            self.close()  # nobody else holds this half-built generator
+            raise
 
     def _died(self) -> RunFault:
         """The sentence for a child that is gone (or, if alive, stopped answering)."""

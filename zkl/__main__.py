@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-import sys
-
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from zkl.config import CONF_DIR, ConfigError, to_object
+from zkl.cli import guarded
+from zkl.config import CONF_DIR, to_object
 
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base=None)
 def main(dcfg: DictConfig) -> None:
+    guarded("zkl", lambda: experiment(dcfg))
+
+
+def experiment(dcfg: DictConfig) -> None:
     from zkl.rl.loop import run
 
-    cfg = to_object(dcfg)
     run_dir = HydraConfig.get().runtime.output_dir
-    try:
-        rows = run(cfg, run_dir)
-    except ConfigError as err:
-        print(f"zkl: {err}", file=sys.stderr)
-        sys.exit(2)
+    rows = run(to_object(dcfg), run_dir)
     last = rows[-1]
     print(
         f"{len(rows)} steps in {run_dir}: last gen_kl_error={last['train/gen_kl_error']:.3g} "

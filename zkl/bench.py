@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -19,7 +18,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from zkl import invariance
-from zkl.config import CONF_DIR, ConfigError, ZklConfig, to_object
+from zkl.cli import guarded
+from zkl.config import CONF_DIR, ZklConfig, to_object
 from zkl.layouts import build_engine
 from zkl.rl.loop import make_requests, validate_run
 from zkl.rl.policy import Policy
@@ -70,11 +70,11 @@ def run_bench(cfg: ZklConfig, run_dir: str | Path) -> dict[str, float]:
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base=None)
 def main(dcfg: DictConfig) -> None:
-    try:
-        run_bench(to_object(dcfg), HydraConfig.get().runtime.output_dir)
-    except ConfigError as err:
-        print(f"zkl.bench: {err}", file=sys.stderr)
-        sys.exit(2)
+    guarded("zkl.bench", lambda: bench(dcfg))
+
+
+def bench(dcfg: DictConfig) -> None:
+    run_bench(to_object(dcfg), HydraConfig.get().runtime.output_dir)
 
 
 if __name__ == "__main__":

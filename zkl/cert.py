@@ -25,7 +25,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from zkl import invariance
-from zkl.config import CONF_DIR, ConfigError, ZklConfig, load_group_option, to_object, validate
+from zkl.cli import guarded
+from zkl.config import CONF_DIR, ZklConfig, load_group_option, to_object, validate
 from zkl.device import resolve_device
 from zkl.generation.engine import Request
 from zkl.generation.sampling import SamplingParams
@@ -204,14 +205,14 @@ def format_table(results: list[dict[str, Any]], ablate: bool) -> str:
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base=None)
 def main(dcfg: DictConfig) -> None:
-    cfg = to_object(dcfg)
-    try:
-        results = run_cert(cfg, HydraConfig.get().runtime.output_dir)
-    except ConfigError as err:
-        print(f"zkl.cert: {err}", file=sys.stderr)
-        sys.exit(2)
+    guarded("zkl.cert", lambda: certify_all(dcfg))
+
+
+def certify_all(dcfg: DictConfig) -> int:
+    """The exit code: 0 when every certified bed is exactly zero, else 1."""
+    results = run_cert(to_object(dcfg), HydraConfig.get().runtime.output_dir)
     certified = [r for r in results if not r["variant"].startswith("-")]
-    sys.exit(0 if all(r["passed"] for r in certified) else 1)
+    return 0 if all(r["passed"] for r in certified) else 1
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """The typed configuration: one dataclass per config group, registered in Hydra's ConfigStore.
 
 `conf/` holds the group options as YAML data; these dataclasses are their schema, so a
-misspelt key fails with Hydra's own error. `precision` and `layout` are not in the primary
-defaults list (they are appended with `+precision=...`), so their defaults live here.
+misspelt key fails with Hydra's own error (and one added with `+`, in `to_object`).
+`precision` and `layout` are not in the primary defaults list (they are appended with
+`+precision=...`), so their defaults live here.
 `validate` turns a config that cannot work into one sentence naming the key to change.
 """
 
@@ -15,16 +16,16 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from zkl.checkpoint_check import check_checkpoint
+from zkl.config_keys import reject_unknown_keys
 from zkl.device import check_device, resolve_device
+from zkl.errors import ConfigError
 from zkl.invariance import FIXES
+from zkl.memory import check_memory
 from zkl.models.config import ModelConfig, validate_model
-from zkl.rl.task import TASKS
+from zkl.validation import check_limits, check_values, default_positions
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot work; the message names the key to change."""
 
 
 @dataclass
@@ -161,6 +162,8 @@ register_configs()
 
 
 def to_object(cfg: DictConfig) -> ZklConfig:
+    """The typed config; a key the schema lacks (added with `+`) is refused, not dropped."""
+    reject_unknown_keys(cfg)
     return OmegaConf.to_object(cfg)
 
 
@@ -197,6 +200,7 @@ def validate(
     cfg: ZklConfig, vocab_needed: int | None = None, positions_needed: int | None = None
 ) -> None:
     """Stop a config that cannot work before any work starts, naming the key to change."""
+    check_values(cfg)  # first: a NaN or a huge integer passes every comparison below
     try:
         validate_model(cfg.model)
     except ValueError as err:
@@ -272,10 +276,6 @@ def validate(
         raise ConfigError(f"rl.score_micro_batch={cfg.rl.score_micro_batch} must be >= 0.")
     if cfg.rl.clip_eps <= 0 or cfg.rl.grad_clip <= 0 or cfg.rl.kl_coef < 0:
         raise ConfigError("rl.clip_eps and rl.grad_clip must be positive and rl.kl_coef >= 0.")
-    if cfg.task.name not in TASKS:
-        raise ConfigError(
-            f"task.name={cfg.task.name!r} is not a built-in task; use one of {TASKS}."
-        )
     if cfg.task.modulus < 2:
         raise ConfigError(f"task.modulus={cfg.task.modulus} must be >= 2.")
     if not 1 <= cfg.task.min_prompt_len <= cfg.task.max_prompt_len:
@@ -284,9 +284,6 @@ def validate(
         )
     if cfg.task.max_operand < 0 or cfg.task.max_operand > 9:
         raise ConfigError(f"task.max_operand={cfg.task.max_operand} must be between 0 and 9.")
-    dump = cfg.tracking.dump_tokens
-    if dump != "all" and not (dump.isdigit()):
-        raise ConfigError(f"tracking.dump_tokens={dump!r} must be a count or 'all'.")
     if cfg.tracking.wandb.mode not in ("offline", "online", "disabled"):
         raise ConfigError(
             f"tracking.wandb.mode={cfg.tracking.wandb.mode!r} must be offline, online or disabled."
@@ -295,14 +292,19 @@ def validate(
         raise ConfigError(f"cert.steps={cfg.cert.steps} must be >= 0.")
     if cfg.num_threads < 0:
         raise ConfigError(f"num_threads={cfg.num_threads} must be >= 0 (0: torch's default).")
+    check_limits(cfg)
+    positions_needed = positions_needed or default_positions(cfg)
     if vocab_needed is not None and cfg.model.vocab_size < vocab_needed:
         raise ConfigError(
             f"model.vocab_size={cfg.model.vocab_size} is smaller than the task tokenizer's "
             f"{vocab_needed} tokens; raise model.vocab_size."
         )
-    if positions_needed is not None and cfg.model.max_position_embeddings < positions_needed:
+    if cfg.model.max_position_embeddings < positions_needed:
         raise ConfigError(
             f"model.max_position_embeddings={cfg.model.max_position_embeddings} is shorter than "
             f"the {positions_needed} positions a prompt plus sampling.max_new_tokens needs."
         )
+    if cfg.model.checkpoint:
+        check_checkpoint(cfg.model)
+    check_memory(cfg, positions_needed)
     assert set(FIXES) <= set(vars(FixesConfig())), "every registered fix needs a fixes.<name> key"

@@ -80,11 +80,12 @@ def build_generation_model(cfg) -> torch.nn.Module:
     )
 
 
-def build_generator(cfg, policy, eos_id: int) -> Generator:
+def build_generator(cfg, policy, eos_id: int, run_dir=None) -> Generator:
+    """The configured layout's generator; a dedicated one keeps its stderr in `run_dir`."""
     if cfg.layout.name == "dedicated":
         from zkl.layouts.dedicated import DedicatedGenerator
 
-        return DedicatedGenerator(cfg, eos_id)
+        return DedicatedGenerator(cfg, eos_id, run_dir)
     from zkl.layouts.colocated import ColocatedGenerator
 
     return ColocatedGenerator(cfg, policy, eos_id)

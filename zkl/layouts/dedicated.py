@@ -11,10 +11,17 @@ manifest: it never holds a mix of two versions.
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import os
+import signal
 import socket
+import sys
+import threading
 import traceback
 from datetime import timedelta
+from multiprocessing.connection import wait
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -22,10 +29,12 @@ import torch.multiprocessing as mp
 
 from zkl import invariance
 from zkl.device import resolve_device
+from zkl.errors import RunFault
 from zkl.generation.engine import Completion, EngineStats, Request
 from zkl.layouts import build_engine, build_generation_model, load_refit, refit_payload
 from zkl.precision import DTYPES
 
+STDERR_FILE = "generator_stderr.log"
 _DTYPES = {str(d): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.int64)}
 
 
@@ -77,36 +86,110 @@ def _init_group(cfg, port: int, rank: int) -> None:
 
 
 class DedicatedGenerator:
-    def __init__(self, cfg, eos_id: int):
+    """The trainer's handle on the generation process; a dead child is reported in seconds.
+
+    Every wait watches the child's sentinel as well as the pipe (the parent closes its copy
+    of the child's end, so the child's death closes the pipe), and the rendezvous runs in a
+    thread the parent watches; the child's stderr goes to `generator_stderr.log` in the run
+    directory and its exit code or signal is the one sentence the trainer fails with.
+    """
+
+    def __init__(self, cfg, eos_id: int, run_dir: str | Path | None = None):
         self.gen_dtype = DTYPES[cfg.precision.compute_dtype]
         self.timeout = cfg.layout.timeout_s
         self.transport = transport(cfg)
+        self.stderr_path = Path(run_dir) / STDERR_FILE if run_dir is not None else None
         port = _free_port()
         ctx = mp.get_context("spawn")
         self.conn, child_conn = ctx.Pipe()
         threads = torch.get_num_threads()
-        args = (cfg, invariance.active(), eos_id, port, child_conn, threads)
+        stderr = str(self.stderr_path) if self.stderr_path else None
+        args = (cfg, invariance.active(), eos_id, port, child_conn, threads, stderr)
         self.proc = ctx.Process(target=_worker, args=args, daemon=True)
-        self.proc.start()
-        self._expect("alive")  # a child that dies at start-up fails here, not at rendezvous
-        if self.transport == "gloo":
-            _init_group(cfg, port, rank=0)
-        self._expect("ready")
+        self._busy = True  # a request is out: close() kills instead of asking to stop
+        with _sigint_ignored():  # the child starts with Ctrl-C ignored: the parent stops it
+            self.proc.start()
+        child_conn.close()  # the child's death now closes the pipe
+        try:
+            self._expect("alive")
+            if self.transport == "gloo":
+                self._watch("the rendezvous with", lambda: _init_group(cfg, port, rank=0))
+            self._expect("ready")
+        except BaseException:
+            self.close()  # nobody else holds this half-built generator
+            raise
+
+    def _died(self) -> RunFault:
+        """The sentence for a child that is gone (or, if alive, stopped answering)."""
+        self.proc.join(timeout=5)
+        code = self.proc.exitcode
+        if code is None:
+            what = f"stopped answering for {self.timeout:g}s (layout.timeout_s)"
+        elif code < 0:
+            what = f"was killed by signal {signal.Signals(-code).name}"
+        else:
+            what = f"died with exit code {code}"
+        return RunFault(f"the generation process {what}{self._stderr_tail()}.")
+
+    def _stderr_tail(self, last_line: bool = True) -> str:
+        if self.stderr_path is None or not self.stderr_path.exists():
+            return ""
+        lines = [x for x in self.stderr_path.read_text(errors="replace").splitlines() if x.strip()]
+        last = f" (last: {lines[-1].strip()[:200]})" if lines and last_line else ""
+        return f"; its stderr is in {self.stderr_path}{last}"
+
+    def _watch(self, what: str, blocking) -> None:
+        """Run a blocking collective in a thread; fail as soon as the child is gone."""
+        errors: list[BaseException] = []
+
+        def target():
+            try:
+                blocking()
+            except BaseException as err:  # handed to the caller's thread
+                errors.append(err)
+
+        thread = threading.Thread(target=target, daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(0.05)
+            if not self.proc.is_alive():
+                raise self._died()
+        if errors:
+            self.proc.join(timeout=1)
+            if not self.proc.is_alive():
+                raise self._died()
+            first = (str(errors[0]).strip().splitlines() or [""])[0][:300]
+            raise RunFault(
+                f"{what} the generation process failed ({type(errors[0]).__name__}: {first})."
+            )
+
+    def _send(self, msg) -> None:
+        self._busy = True
+        try:
+            self.conn.send(msg)
+        except OSError:  # BrokenPipeError, ConnectionResetError: the child is gone
+            raise self._died() from None
 
     def _expect(self, kind: str):
-        if not self.conn.poll(self.timeout):
-            raise RuntimeError(f"the generation process sent nothing for {self.timeout}s")
+        ready = wait([self.conn, self.proc.sentinel], self.timeout)
+        if not ready:
+            raise self._died()
         try:
-            msg = self.conn.recv()
-        except EOFError:
-            raise RuntimeError("the generation process exited unexpectedly") from None
+            msg = self.conn.recv() if self.conn in ready or self.conn.poll() else None
+        except (EOFError, OSError):
+            msg = None
+        if msg is None:
+            raise self._died()
         if msg[0] == "error":
-            raise RuntimeError(f"the generation process failed:\n{msg[1]}")
+            self.proc.join(timeout=5)
+            tail = self._stderr_tail(last_line=False)
+            raise RunFault(f"the generation process failed with {msg[1]}{tail}.")
         assert msg[0] == kind, msg[0]
+        self._busy = False
         return msg[1:]
 
     def generate(self, requests: list[Request]) -> tuple[list[Completion], EngineStats]:
-        self.conn.send(("generate", requests))
+        self._send(("generate", requests))
         completions, stats = self._expect("completions")
         return completions, stats
 
@@ -114,29 +197,52 @@ class DedicatedGenerator:
         manifest, flat = pack(refit_payload(state, self.gen_dtype))
         if self.transport == "cuda_ipc":  # the pipe carries an IPC handle to `flat`
             torch.cuda.current_stream(flat.device).synchronize()
-            self.conn.send(("refit", version, manifest, flat))
+            self._send(("refit", version, manifest, flat))
         else:
-            self.conn.send(("refit", version, manifest, flat.numel()))
-            dist.broadcast(flat, src=0)
+            self._send(("refit", version, manifest, flat.numel()))
+            self._watch("the weight transfer to", lambda: dist.broadcast(flat, src=0))
         (got,) = self._expect("refitted")  # `flat` stays alive until the copy is done
         assert got == version
 
     def configure(self, max_batch_size: int | None, prefill_chunk: int | None) -> None:
-        self.conn.send(("configure", max_batch_size, prefill_chunk))
+        self._send(("configure", max_batch_size, prefill_chunk))
         self._expect("configured")
 
     def close(self) -> None:
-        if self.proc.is_alive():
-            self.conn.send(("stop",))
-            self.proc.join(timeout=30)
+        """Stop the child: politely when it is idle, at once when it is busy or interrupted."""
+        if self.proc.is_alive() and not self._busy:
+            with contextlib.suppress(OSError):
+                self.conn.send(("stop",))
+                self.proc.join(timeout=30)
         if self.proc.is_alive():
             self.proc.kill()
+            self.proc.join(timeout=5)
+        self.conn.close()
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _worker(cfg, fixes, eos_id: int, port: int, conn, threads: int) -> None:
+@contextlib.contextmanager
+def _sigint_ignored():
+    """SIGINT ignored while a child starts (it inherits the disposition); main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def _worker(cfg, fixes, eos_id: int, port: int, conn, threads: int, stderr: str | None) -> None:
     """The generation process: build the engine, then serve refit / generate until stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
+    if stderr is not None:
+        fd = os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 2)
+        os.close(fd)
+    faulthandler.enable()  # a crash in native code leaves its stack in the stderr file
     try:
         torch.set_num_threads(threads)
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
@@ -169,8 +275,13 @@ def _worker(cfg, fixes, eos_id: int, port: int, conn, threads: int) -> None:
                 elif msg[0] == "generate":
                     completions = engine.generate(msg[1])
                     conn.send(("completions", completions, engine.stats))
-    except Exception:
-        conn.send(("error", traceback.format_exc()))
+    except EOFError:  # the trainer is gone: nothing to report to
+        sys.exit(1)
+    except Exception as err:
+        traceback.print_exc()
+        with contextlib.suppress(OSError):
+            conn.send(("error", f"{type(err).__name__}: {err}".splitlines()[0][:300]))
+        sys.exit(1)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

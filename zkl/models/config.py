@@ -69,6 +69,10 @@ def validate_model(cfg: ModelConfig) -> None:
             raise ValueError(f"model.{key}={getattr(cfg, key)} must be positive.")
     if cfg.rope_theta <= 0 or cfg.rms_norm_eps <= 0:
         raise ValueError("model.rope_theta and model.rms_norm_eps must be positive.")
+    if cfg.head_dim % 2:
+        raise ValueError(f"model.head_dim={cfg.head_dim} must be even (rotary embedding pairs).")
+    if cfg.init_std <= 0:
+        raise ValueError(f"model.init_std={cfg.init_std} must be positive.")
     if cfg.hidden_size % cfg.num_attention_heads:
         raise ValueError(
             f"model.num_attention_heads={cfg.num_attention_heads} must divide "

@@ -222,8 +222,17 @@ def load_state_dict(
     path: str | Path, cfg: ModelConfig, device: torch.device | str = "cpu"
 ) -> dict[str, torch.Tensor]:
     """All weights of the checkpoint under zkl's parameter names, as fp32 tensors on `device`."""
-    path = Path(path)
-    raw = _read_tensors(path, device)
+    sd = map_state_dict(_read_tensors(Path(path), device), cfg, path)
+    return {k: v.to(torch.float32).contiguous() for k, v in sd.items()}
+
+
+def map_state_dict(
+    raw: dict[str, torch.Tensor], cfg: ModelConfig, path: str | Path
+) -> dict[str, torch.Tensor]:
+    """Checkpoint tensors under zkl's names, every name and shape checked against `cfg`.
+
+    Works on meta tensors too, so the checkpoint check runs it on the headers alone.
+    """
     sd: dict[str, torch.Tensor] = {}
     for hf_key, tensor in raw.items():
         key = hf_key.removeprefix("model.")
@@ -273,4 +282,4 @@ def load_state_dict(
             + "; ".join(bad[:8])
             + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
         )
-    return {k: v.to(torch.float32).contiguous() for k, v in sd.items()}
+    return sd

@@ -88,12 +88,13 @@ def run(cfg: ZklConfig, run_dir: str | Path, progress: bool | None = None) -> li
     try:
         with invariance.enabled(fixes):
             policy = Policy(cfg)
-            generator = build_generator(cfg, policy, task.tokenizer.eos_id)
+            generator = build_generator(cfg, policy, task.tokenizer.eos_id, run_dir)
             generator.refit(policy.refit_state(), policy.version)
             show = cfg.tracking.progress if progress is None else progress
-            for step in tqdm(range(cfg.rl.steps), desc="grpo", disable=not show):
-                row = train_step(cfg, task, policy, generator, step, log)
-                rows.append(row)
+            with tqdm(range(cfg.rl.steps), desc="grpo", disable=not show) as steps:
+                for step in steps:  # `with`: an interrupt leaves the bar's line finished
+                    row = train_step(cfg, task, policy, generator, step, log)
+                    rows.append(row)
     finally:
         if generator is not None:
             generator.close()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from zkl.checkpoint_check import warn_random_weights
 from zkl.device import resolve_device
 from zkl.models import build_model
 from zkl.precision import DTYPES
@@ -34,6 +35,7 @@ class Policy:
         self.cfg = cfg
         self.compute_dtype = DTYPES[cfg.precision.compute_dtype]
         self.device = resolve_device(cfg.device)
+        warn_random_weights(cfg.model)
         self.model = build_model(
             cfg.model, self.compute_dtype, cfg.precision.linear_quant, cfg.seed, self.device
         )

@@ -12,6 +12,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from zkl.errors import ConfigError
+
 PAD, EOS = "<pad>", "<eos>"
 CHARS = "0123456789+=?:. \nabcdefghijklmnopqrstuvwxyz"
 SYSTEM = "sum the two digits. reply digits.\n"
@@ -171,4 +173,4 @@ def build_task(task_cfg, vocab_size: int) -> AddTask | ResidueTask:
         return ResidueTask(
             vocab_size, task_cfg.modulus, task_cfg.min_prompt_len, task_cfg.max_prompt_len
         )
-    raise ValueError(f"task.name={task_cfg.name!r} is not a built-in task; use one of {TASKS}.")
+    raise ConfigError(f"task.name={task_cfg.name!r} is not a built-in task; use one of {TASKS}.")

@@ -1,18 +1,24 @@
 """Where a run's results land: metrics.jsonl (the source of truth), token records, W&B.
 
 Every step is appended and flushed to disk before the next one starts, so a crash never
-loses a logged step. W&B is offline by default; its group and tags come from the config
-axes so runs of one sweep compare side by side.
+loses a logged step. A line goes out in one write and is cut back if the write fails or is
+interrupted, so the files hold only complete lines (a SIGKILL mid-write can still tear the
+last one: the reader skips it, the next writer cuts it). W&B is offline by default; its
+group and tags come from the config axes so runs of one sweep compare side by side.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
+
+from zkl.errors import ConfigError, RunFault
 
 METRICS_FILE = "metrics.jsonl"
 TOKENS_FILE = "tokens.jsonl"
@@ -34,11 +40,20 @@ def axes(cfg) -> dict[str, str]:
 class RunLog:
     def __init__(self, run_dir: str | Path, cfg) -> None:
         self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._fds: list[int] = []
         resolved = OmegaConf.to_container(OmegaConf.structured(cfg))
-        (self.run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(resolved))
-        self._metrics = open(self.run_dir / METRICS_FILE, "a")  # noqa: SIM115 (held for the run)
-        self._tokens = open(self.run_dir / TOKENS_FILE, "a")  # noqa: SIM115
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(resolved))
+            self._metrics = self._open(METRICS_FILE)
+            self._tokens = self._open(TOKENS_FILE)
+        except OSError as err:
+            self.close()
+            where = f"{Path(err.filename).name}: " if err.filename else ""
+            raise ConfigError(
+                f"hydra.run.dir={self.run_dir} cannot be written ({where}{err.strerror or err}); "
+                "choose another hydra.run.dir."
+            ) from None
         self._wandb = None
         wb = cfg.tracking.wandb
         if wb.mode != "disabled":
@@ -62,27 +77,76 @@ class RunLog:
                 dir=str(self.run_dir),
             )
 
+    def _open(self, name: str) -> int:
+        """An append descriptor for `name`, a torn last line left by a killed writer cut off."""
+        fd = os.open(self.run_dir / name, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fds.append(fd)
+        end = keep = os.lseek(fd, 0, os.SEEK_END)
+        if end == 0 or os.pread(fd, 1, end - 1) == b"\n":
+            return fd
+        while keep > 0:
+            size = min(keep, 1 << 16)
+            newline = os.pread(fd, size, keep - size).rfind(b"\n")
+            keep -= size if newline < 0 else size - newline - 1
+            if newline >= 0:
+                break
+        os.ftruncate(fd, keep)
+        warnings.warn(f"{name}: cut a torn last line ({end - keep} bytes)", stacklevel=3)
+        return fd
+
+    def _append(self, fd: int, name: str, text: str, sync: bool) -> None:
+        """Append whole lines in one write; on failure or interrupt, cut back what went out."""
+        data = memoryview(text.encode())
+        start = os.lseek(fd, 0, os.SEEK_END)
+        done = 0
+        try:
+            while done < len(data):
+                done += os.write(fd, data[done:])
+            if sync:
+                os.fsync(fd)
+        except BaseException as err:
+            if done < len(data):
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, start)
+            if isinstance(err, OSError):
+                raise RunFault(
+                    f"cannot write {name} in hydra.run.dir={self.run_dir} "
+                    f"({err.strerror or err}); every step before is complete."
+                ) from None
+            raise
+
     def log(self, step: int, row: dict[str, Any]) -> None:
         row = {"step": step, **row}
-        self._metrics.write(json.dumps(row) + "\n")
-        self._metrics.flush()
-        os.fsync(self._metrics.fileno())
+        self._append(self._metrics, METRICS_FILE, json.dumps(row) + "\n", sync=True)
         if self._wandb is not None:
             self._wandb.log(row, step=step)
 
     def log_tokens(self, records: list[dict[str, Any]]) -> None:
-        for record in records:
-            self._tokens.write(json.dumps(record) + "\n")
-        self._tokens.flush()
+        text = "".join(json.dumps(record) + "\n" for record in records)
+        self._append(self._tokens, TOKENS_FILE, text, sync=False)
 
     def close(self) -> None:
-        self._metrics.close()
-        self._tokens.close()
-        if self._wandb is not None:
+        while self._fds:
+            os.close(self._fds.pop())
+        if getattr(self, "_wandb", None) is not None:
             self._wandb.finish()
             self._wandb = None
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    with open(Path(run_dir) / METRICS_FILE) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """Every step's row; a torn last line (a writer killed mid-line) is skipped with a warning."""
+    path = Path(run_dir) / METRICS_FILE
+    lines = path.read_text().split("\n")
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines):
+                raise ValueError(f"{path} line {number} is not JSON.") from None
+            warnings.warn(
+                f"{path}: skipped a torn last line ({len(line)} characters)", stacklevel=2
+            )
+    return rows

@@ -1,0 +1,45 @@
+"""Generation workers that die on purpose, for the dedicated layout's fault tests.
+
+`python tests/fault_workers.py MODE RUN_DIR` builds a DedicatedGenerator whose child runs
+one of these instead of the real worker (spawn imports them from here by name), and prints
+the one-line fault the trainer gets and how long it took.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+
+def exit_during_rendezvous(cfg, fixes, eos_id, port, conn, threads, stderr) -> None:
+    """Say alive, then die before joining the process group (the trainer is in the rendezvous)."""
+    with open(stderr, "a") as f:
+        f.write("fault_workers: exiting during the rendezvous\n")
+    conn.send(("alive",))
+    time.sleep(0.5)
+    os._exit(3)
+
+
+def main(mode: str, run_dir: str) -> None:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import fault_workers
+    from conftest import make_cfg
+
+    from zkl.errors import RunFault
+    from zkl.layouts import dedicated
+
+    dedicated._worker = getattr(fault_workers, mode)
+    os.makedirs(run_dir, exist_ok=True)
+    cfg = make_cfg("+layout=dedicated")
+    start = time.perf_counter()
+    try:
+        dedicated.DedicatedGenerator(cfg, eos_id=1, run_dir=run_dir).close()
+    except RunFault as err:
+        print(f"{time.perf_counter() - start:.2f} {err}")
+        os._exit(0)  # the trainer's rendezvous thread is still waiting: do not join it
+    print("no fault")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

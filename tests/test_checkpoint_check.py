@@ -1,0 +1,154 @@
+"""A bad `model.checkpoint` is one sentence before any model is built; a good one loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_cfg
+from safetensors.torch import save_file
+from test_hostile_input import assert_refused_before_work, run_entry
+
+from zkl.config import ConfigError, validate
+from zkl.models import build_model
+
+FAMILY_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+FAMILY_KEYS += ("num_key_value_heads", "head_dim", "intermediate_size", "rope_theta")
+FAMILY_KEYS += ("rms_norm_eps", "max_position_embeddings", "tie_word_embeddings")
+
+
+def write_checkpoint(directory: Path, overrides: list[str]) -> None:
+    """An HF-format checkpoint of zkl's own seeded model for `overrides` (fp32)."""
+    cfg = make_cfg(*overrides).model
+    model = build_model(cfg, torch.float32, seed=7)
+    hf = {
+        "model_type": cfg.family,
+        "hidden_act": "silu",
+        **{k: getattr(cfg, k) for k in FAMILY_KEYS},
+    }
+    if cfg.is_moe:
+        for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
+            hf[key] = getattr(cfg, key)
+        hf.update(norm_topk_prob=cfg.norm_topk_prob, decoder_sparse_step=cfg.decoder_sparse_step)
+    tensors = {
+        (k if k == "lm_head.weight" else f"model.{k}"): v.detach().clone().contiguous()
+        for k, v in model.state_dict().items()
+        if not (cfg.tie_word_embeddings and k == "lm_head.weight")
+    }
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps(hf))
+    save_file(tensors, directory / "model.safetensors")
+
+
+@pytest.fixture
+def good(tmp_path) -> Path:
+    directory = tmp_path / "ckpt"
+    write_checkpoint(directory, [])
+    return directory
+
+
+def refusal(checkpoint: Path | str, *overrides: str) -> str:
+    with pytest.raises(ConfigError) as err:
+        validate(make_cfg(f"model.checkpoint={checkpoint}", *overrides))
+    message = str(err.value)
+    assert message.startswith(f"model.checkpoint={checkpoint}") and "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize("model", ["tiny_dense", "tiny_moe"])
+def test_a_good_checkpoint_validates_and_loads(tmp_path, model):
+    write_checkpoint(tmp_path / model, [f"model={model}"])
+    cfg = make_cfg(f"model={model}", f"model.checkpoint={tmp_path / model}")
+    validate(cfg)
+    loaded = build_model(cfg.model, torch.float32)
+    reference = build_model(make_cfg(f"model={model}").model, torch.float32, seed=7)
+    for (name, a), (_, b) in zip(loaded.state_dict().items(), reference.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_path_and_files(tmp_path, good):
+    assert "does not exist" in refusal(tmp_path / "missing")
+    (tmp_path / "file").write_text("x")
+    assert "is not a directory" in refusal(tmp_path / "file")
+    (tmp_path / "empty").mkdir()
+    assert "has no config.json" in refusal(tmp_path / "empty")
+    (good / "model.safetensors").unlink()
+    assert "has no *.safetensors" in refusal(good)
+
+
+def test_config_json_is_read_and_compared(good):
+    config = json.loads((good / "config.json").read_text())
+    (good / "config.json").write_text("{not json")
+    assert "config.json is not JSON" in refusal(good)
+    (good / "config.json").write_text(
+        json.dumps({k: v for k, v in config.items() if k != "hidden_size"})
+    )
+    assert "no 'hidden_size' entry" in refusal(good)
+    (good / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
+    assert "model_type='llama' is not supported" in refusal(good)
+    (good / "config.json").write_text(json.dumps(config))
+    message = refusal(good, "model.intermediate_size=96")
+    assert "intermediate_size=128 in its config.json but model.intermediate_size=96" in message
+    message = refusal(good, "model.tie_word_embeddings=false")
+    assert "model.tie_word_embeddings=False" in message
+
+
+def test_safetensors_headers(good):
+    data = (good / "model.safetensors").read_bytes()
+    (good / "model.safetensors").write_bytes(data[:-100])
+    assert "model.safetensors is truncated: tensor" in refusal(good)
+    (good / "model.safetensors").write_bytes(data[:5])
+    assert "not a safetensors file or is truncated" in refusal(good)
+    length = int.from_bytes(data[:8], "little")
+    (good / "model.safetensors").write_bytes(data[:8] + b"\xff" * length + data[8 + length :])
+    assert "corrupt safetensors header" in refusal(good)
+    header = json.loads(data[8 : 8 + length])
+    name = next(k for k in header if k != "__metadata__")
+    header[name]["data_offsets"][1] += 4
+    raw = json.dumps(header).encode()
+    (good / "model.safetensors").write_bytes(
+        len(raw).to_bytes(8, "little") + raw + data[8 + length :]
+    )
+    assert f"corrupt safetensors header entry for '{name}'" in refusal(good)
+
+
+def test_names_shapes_and_dtypes_against_the_model(tmp_path):
+    tensors = {}
+    write_checkpoint(tmp_path / "a", [])
+    from safetensors.torch import load_file
+
+    tensors = load_file(tmp_path / "a" / "model.safetensors")
+    cases = {
+        "missing keys: layers.1.mlp.up_proj.weight": {
+            k: v for k, v in tensors.items() if k != "model.layers.1.mlp.up_proj.weight"
+        },
+        "unexpected keys: extra.weight": {**tensors, "model.extra.weight": torch.zeros(2)},
+        "layers.0.mlp.down_proj.weight: checkpoint [64, 96]": {
+            **tensors,
+            "model.layers.0.mlp.down_proj.weight": torch.zeros(64, 96),
+        },
+        "tensor norm.weight is torch.int32": {**tensors, "model.norm.weight": torch.ones(64).int()},
+    }
+    for expected, variant in cases.items():
+        save_file(variant, tmp_path / "a" / "model.safetensors")
+        assert expected in refusal(tmp_path / "a")
+
+
+def test_an_index_naming_a_missing_shard(good):
+    index = {"weight_map": {"model.norm.weight": "model-00002-of-00002.safetensors"}}
+    (good / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert "lists missing shards" in refusal(good)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "llama"])
+def test_the_entry_point_refuses_a_bad_checkpoint_before_building(tmp_path, good, damage):
+    if damage == "truncated":
+        data = (good / "model.safetensors").read_bytes()
+        (good / "model.safetensors").write_bytes(data[: len(data) // 2])
+    else:
+        config = json.loads((good / "config.json").read_text())
+        (good / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
+    out = run_entry("zkl", [f"model.checkpoint={good}"], tmp_path / "run")
+    assert_refused_before_work(out, tmp_path / "run", "model.checkpoint")

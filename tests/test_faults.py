@@ -1,0 +1,219 @@
+"""Process and disk faults end in one line and a known exit code, never a traceback or a hang.
+
+The generation process dying (at start-up, in the rendezvous, mid-run, or with an error),
+Ctrl-C, a full disk, an unwritable run directory, and a metrics file torn by a killed writer.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import SMALL, make_cfg
+
+from zkl.errors import RunFault
+from zkl.tracking import run_log
+from zkl.tracking.run_log import METRICS_FILE, RunLog, read_metrics
+
+REPO = Path(__file__).resolve().parent.parent
+QUIET = ["tracking.wandb.mode=disabled", "tracking.progress=false"]
+FAST = ["rl.prompts_per_step=2", "rl.samples_per_prompt=2"]
+
+
+def start(args: list[str], run_dir: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "zkl", *QUIET, *FAST, *args, f"hydra.run.dir={run_dir}"]
+    return subprocess.Popen(
+        cmd,
+        cwd=run_dir.parent,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's Ctrl-C reaches it
+    )
+
+
+def generation_child(pid: int, deadline_s: float = 120) -> int:
+    """The pid of the dedicated generator (the spawned child of `pid`), once it exists."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == pid and b"spawn_main" in cmdline:
+                return int(entry)
+        time.sleep(0.02)
+    raise AssertionError("the generation process never started")
+
+
+def wait_for_step(proc: subprocess.Popen, run_dir: Path, deadline_s: float = 180) -> None:
+    end = time.monotonic() + deadline_s
+    metrics = run_dir / METRICS_FILE
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        assert time.monotonic() < end, "no step was logged"
+        time.sleep(0.1)
+
+
+def finish(proc: subprocess.Popen, since: float) -> tuple[list[str], float]:
+    """stderr lines (non-blank) and seconds from `since` to the exit."""
+    _, err = proc.communicate(timeout=60)
+    return [x for x in err.splitlines() if x.strip()], time.monotonic() - since
+
+
+def test_generator_killed_mid_run_is_reported_in_seconds(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(["+layout=dedicated", "rl.steps=500"], run_dir)
+    wait_for_step(proc, run_dir)
+    os.kill(generation_child(proc.pid), signal.SIGKILL)
+    lines, seconds = finish(proc, time.monotonic())
+    assert proc.returncode == 1 and seconds < 15
+    assert lines == [
+        f"zkl: the generation process was killed by signal SIGKILL; its stderr is in "
+        f"{run_dir / 'generator_stderr.log'}."
+    ]
+    assert len(read_metrics(run_dir)) >= 1
+
+
+def test_generator_killed_at_start_up_is_reported_in_seconds(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(["+layout=dedicated", "layout.timeout_s=600"], run_dir)
+    os.kill(generation_child(proc.pid), signal.SIGKILL)
+    lines, seconds = finish(proc, time.monotonic())
+    assert proc.returncode == 1 and seconds < 15, lines
+    assert len(lines) == 1 and "killed by signal SIGKILL" in lines[0]
+    assert (run_dir / METRICS_FILE).read_text() == ""
+
+
+def test_generator_dying_in_the_rendezvous_names_its_exit_code(tmp_path):
+    """The trainer is inside init_process_group when the child exits with code 3."""
+    script = [sys.executable, str(REPO / "tests" / "fault_workers.py")]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [*script, "exit_during_rendezvous", str(tmp_path)], env=env, capture_output=True, text=True
+    )
+    seconds, message = out.stdout.strip().split(" ", 1)
+    assert float(seconds) < 30, "waited for layout.timeout_s (600 s) instead of the sentinel"
+    assert message == (
+        f"the generation process died with exit code 3; its stderr is in "
+        f"{tmp_path / 'generator_stderr.log'} (last: fault_workers: exiting during the "
+        "rendezvous)."
+    )
+
+
+def test_generator_error_is_one_sentence_with_its_traceback_kept(tmp_path):
+    from zkl.layouts.dedicated import DedicatedGenerator
+
+    cfg = make_cfg("+layout=dedicated", "precision.linear_quant=bogus")  # fails in the child
+    with pytest.raises(RunFault) as err:
+        DedicatedGenerator(cfg, eos_id=1, run_dir=tmp_path)
+    message = str(err.value)
+    assert message.startswith("the generation process failed with ValueError: ")
+    assert message.endswith(f"its stderr is in {tmp_path / 'generator_stderr.log'}.")
+    assert "Traceback" in (tmp_path / "generator_stderr.log").read_text()
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()  # the failed start cleaned up after itself
+
+
+@pytest.mark.parametrize("layout", ["colocated", "dedicated"])
+def test_ctrl_c_stops_with_130_and_complete_metrics(tmp_path, layout):
+    run_dir = tmp_path / "run"
+    proc = start([f"+layout={layout}", "rl.steps=500"], run_dir)
+    wait_for_step(proc, run_dir)
+    os.killpg(proc.pid, signal.SIGINT)
+    lines, seconds = finish(proc, time.monotonic())
+    assert proc.returncode == 130, lines
+    assert lines == ["zkl: interrupted; every step logged so far is complete."]
+    assert seconds < 5  # about 1.5 s on a busy 2-core machine; most of it is interpreter exit
+    text = (run_dir / METRICS_FILE).read_text()
+    assert text.endswith("\n") and all(json.loads(x) for x in text.splitlines())
+    time.sleep(0.5)
+    with pytest.raises(AssertionError):  # the generation process went with it
+        generation_child(proc.pid, deadline_s=0.2)
+
+
+def test_a_full_disk_mid_run_is_one_sentence(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / METRICS_FILE).symlink_to("/dev/full")  # every write: ENOSPC
+    proc = start(["rl.steps=2"], run_dir)
+    lines, _ = finish(proc, time.monotonic())
+    assert proc.returncode == 1
+    assert lines == [
+        f"zkl: cannot write metrics.jsonl in hydra.run.dir={run_dir} (No space left on device); "
+        "every step before is complete."
+    ]
+
+
+@pytest.mark.parametrize("where", ["below a file", "metrics.jsonl is a directory"])
+def test_an_unwritable_run_dir_is_one_sentence(tmp_path, where):
+    if where == "below a file":
+        (tmp_path / "file").write_text("")
+        run_dir = tmp_path / "file" / "run"
+    else:
+        run_dir = tmp_path / "run"
+        (run_dir / METRICS_FILE).mkdir(parents=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, "-m", "zkl", *QUIET, f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    lines = [x for x in out.stderr.splitlines() if x.strip()]
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
+    assert lines[0].startswith(f"zkl: hydra.run.dir={run_dir} cannot be written (")
+    assert lines[0].endswith("choose another hydra.run.dir.")
+
+
+def _log(tmp_path) -> RunLog:
+    return RunLog(tmp_path, make_cfg(*SMALL))
+
+
+@pytest.mark.parametrize("fault", [OSError(errno.ENOSPC, "No space left on device"), "interrupt"])
+def test_a_failed_write_leaves_only_complete_lines(tmp_path, monkeypatch, fault):
+    log = _log(tmp_path)
+    log.log(0, {"a": 1.0})
+    real_write = os.write
+
+    def half_then_fault(fd, data):
+        real_write(fd, bytes(data[: len(data) // 2]))
+        raise KeyboardInterrupt if fault == "interrupt" else fault
+
+    monkeypatch.setattr(run_log.os, "write", half_then_fault)
+    with pytest.raises(KeyboardInterrupt if fault == "interrupt" else RunFault):
+        log.log(1, {"a": 2.0, "long": "x" * 10_000})
+    monkeypatch.undo()
+    log.close()
+    assert (tmp_path / METRICS_FILE).read_text() == '{"step": 0, "a": 1.0}\n'
+
+
+def test_the_reader_skips_a_torn_last_line_and_the_writer_cuts_it(tmp_path):
+    good = '{"step": 0, "a": 1.0}\n{"step": 1, "a": 2.0}\n'
+    (tmp_path / METRICS_FILE).write_text(good + '{"step": 2, "a"')
+    with pytest.warns(UserWarning, match="skipped a torn last line"):
+        assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1]
+    with pytest.warns(UserWarning, match="cut a torn last line"):
+        log = _log(tmp_path)
+    log.log(2, {"a": 3.0})
+    log.close()
+    assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1, 2]
+    (tmp_path / METRICS_FILE).write_text('{"step": 0}\n{"ste\n{"step": 2}\n')
+    with pytest.raises(ValueError, match="line 2 is not JSON"):
+        read_metrics(tmp_path)

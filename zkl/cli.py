@@ -1,0 +1,74 @@
+"""What every entry point does with a failure: one line on stderr and an exit code.
+
+Exit 2: the config cannot work (`ConfigError`), found before any work, or a run directory
+that cannot be written. Exit 1: the run started and a fault stopped it (`RunFault`: the
+generation process died, the disk filled). Exit 130: Ctrl-C; every step logged so far is
+complete. The Hydra callback `RunDirCheck` (conf/config.yaml) tests the run directory
+before Hydra writes into it, so an unwritable one is a sentence, not Hydra's traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+
+from zkl.errors import ConfigError, RunFault
+
+MIN_FREE_BYTES = 1 << 20  # a run directory on a disk with less free space is refused
+
+
+def guarded(prog: str, body: Callable[[], int | None]) -> None:
+    """Run an entry point's body; turn its failures into one line and an exit code.
+
+    A body that returns 0 or None returns normally (a multirun goes on to its next job).
+    """
+    try:
+        code = body()
+    except ConfigError as err:
+        print(f"{prog}: {err}", file=sys.stderr)
+        sys.exit(2)
+    except RunFault as err:
+        print(f"{prog}: {err}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; every step logged so far is complete.", file=sys.stderr)
+        sys.exit(130)
+    if code:
+        sys.exit(code)
+
+
+def run_dir_problem(directory: str) -> str | None:
+    """Why `directory` cannot hold a run (created if missing), or None when it can."""
+    path = Path(directory)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+        stat = os.statvfs(path)
+    except OSError as err:
+        return f"cannot be written ({err.strerror or err})"
+    if stat.f_bavail * stat.f_frsize < MIN_FREE_BYTES:
+        return "is on a full disk"
+    return None
+
+
+class RunDirCheck(Callback):
+    """Refuse an unwritable `hydra.run.dir` (or `hydra.sweep.dir`) before Hydra writes in it."""
+
+    def _check(self, directory: str, key: str) -> None:
+        problem = run_dir_problem(directory)
+        if problem:
+            print(f"zkl: {key}={directory} {problem}; choose another {key}.", file=sys.stderr)
+            sys.exit(2)
+
+    def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        self._check(str(config.hydra.run.dir), "hydra.run.dir")
+
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        self._check(str(config.hydra.sweep.dir), "hydra.sweep.dir")

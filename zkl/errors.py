@@ -1,0 +1,16 @@
+"""The errors an entry point turns into one sentence and an exit code, never a traceback.
+
+`ConfigError` (exit 2): the config cannot work; raised before any work. `RunFault` (exit 1):
+the run started but the machine failed it (the generation process died, the run directory
+stopped taking writes).
+"""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot work; the message names the key to change."""
+
+
+class RunFault(RuntimeError):
+    """A fault of the machine or of a child process after work started; one sentence."""

@@ -1,0 +1,177 @@
+"""What a run will hold in memory, estimated from the config and checked against the machine.
+
+Without this, a size knob in the millions ends in an allocator traceback minutes in, and a
+30B model on a small machine swaps toward hundreds of GB with no output. The estimate is
+the sum of the large buffers (weights, fp32 master, AdamW state and gradients, KV and
+prefix cache, scoring logits, update activations, rollout records); it is compared with
+what the machine (and, when the run uses a CUDA device, the device) has free.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import torch
+
+from zkl.errors import ConfigError
+from zkl.invariance import resolve
+from zkl.models.config import ModelConfig
+
+GB = 1e9
+PROCESS_BYTES = 0.6 * GB  # an idle Python process with torch imported
+RECORD_BYTES_PER_TOKEN = 400  # a generated token's int and 0-d logprob tensor
+BLOCK = 16  # prefix-cache block (zkl.generation.prefix_cache.BLOCK)
+
+# what to change when a part is the largest: the sentence names these keys
+ADVICE = {
+    "weights and optimizer state": "use a smaller model (model=...); a bf16 parameter with "
+    "its fp32 master, AdamW state and gradients takes 20 bytes",
+    "KV cache": "lower engine.max_batch_size or sampling.max_new_tokens",
+    "prefix cache": "lower engine.prefix_cache_blocks",
+    "rotary tables": "lower model.max_position_embeddings",
+    "scoring logits": "set rl.score_micro_batch, or lower rl.prompts_per_step or model.vocab_size",
+    "update activations": "raise rl.num_minibatches, or lower rl.prompts_per_step, "
+    "sampling.max_new_tokens or model.vocab_size",
+    "generation activations": "lower engine.max_batch_size",
+    "rollout records": "lower rl.prompts_per_step or rl.samples_per_prompt",
+    "processes": "free memory on this machine",
+}
+HOST_ONLY = ("rollout records", "processes")
+
+
+def param_count(m: ModelConfig) -> int:
+    """Parameters of the native Transformer for `m` (as `model.parameters()` counts them)."""
+    h, hd = m.hidden_size, m.head_dim
+    q, kv = m.num_attention_heads * hd, m.num_key_value_heads * hd
+    attn = 2 * h * q + 2 * h * kv + (q + 2 * kv if m.qkv_bias else 0) + (2 * hd if m.qk_norm else 0)
+    moe_layers = 0
+    if m.is_moe:
+        dense = {i for i in m.mlp_only_layers if 0 <= i < m.num_hidden_layers}
+        moe_layers = m.num_hidden_layers // m.decoder_sparse_step
+        moe_layers -= sum((i + 1) % m.decoder_sparse_step == 0 for i in dense)
+    dense_layers = m.num_hidden_layers - moe_layers
+    moe_mlp = h * m.num_experts + m.num_experts * 3 * h * m.moe_intermediate_size
+    layers = m.num_hidden_layers * (attn + 2 * h)
+    layers += dense_layers * 3 * h * m.intermediate_size + moe_layers * moe_mlp
+    embeddings = m.vocab_size * h * (1 if m.tie_word_embeddings else 2)
+    return layers + embeddings + h
+
+
+def estimate(cfg: Any, positions: int) -> dict[str, float]:
+    """Bytes of each large part of a run whose sequences are `positions` tokens long."""
+    m, rl = cfg.model, cfg.rl
+    c = 2 if cfg.precision.compute_dtype == "bfloat16" else 4
+    p = param_count(m)
+    fixes = resolve(cfg.zero_train_gen_mismatch, vars(cfg.fixes))
+    dedicated = cfg.layout.name == "dedicated"
+    per_param = 2 * c + 8  # weights, gradients, AdamW exp_avg and exp_avg_sq (fp32)
+    if cfg.precision.master_weights_fp32 and c != 4:
+        per_param += 8  # fp32 master and its gradient
+    if rl.kl_coef > 0:
+        per_param += c  # the frozen reference model
+    if dedicated:
+        per_param += 3 * c  # the generator's model and the refit buffer on both sides
+    elif "refit_exactness" not in fixes:
+        per_param += c  # the colocated generator's own copy
+    if cfg.precision.linear_quant != "none":
+        per_param += c  # cached quantized weights
+    kv_token = 2 * m.num_hidden_layers * m.num_key_value_heads * m.head_dim * c
+    samples = rl.prompts_per_step * rl.samples_per_prompt
+    scored = rl.score_micro_batch or samples
+    minibatch = math.ceil(samples / rl.num_minibatches)
+    width = m.intermediate_size
+    if m.is_moe:
+        width = m.num_experts_per_tok * (m.moe_intermediate_size + 2 * m.hidden_size)
+    q = m.num_attention_heads
+    on_cuda = device_of(cfg).startswith("cuda")
+    # CUDA's fused logprob kernel keeps no fp32 copy of the logits, and its attention saves no
+    # score rows (the backward recomputes them a layer at a time).
+    fused = on_cuda and "batch_invariant_reductions" in fixes
+    score_bytes, update_bytes = (c, 2 * c) if fused else (c + 8, c + 12)
+    attention_row = 0 if on_cuda and "attention_fixed_split" in fixes else q * positions * 4
+    layer_token = (10 * m.hidden_size + 3 * width) * c + attention_row
+    batch = cfg.engine.max_batch_size
+    return {
+        "weights and optimizer state": float(p * per_param),
+        "KV cache": float(batch * positions * kv_token),
+        "prefix cache": float(
+            cfg.engine.prefix_cache_blocks * BLOCK * kv_token if cfg.kv.mode == "persist" else 0
+        ),
+        "rotary tables": float(m.max_position_embeddings * m.head_dim * 24 * (1 + dedicated)),
+        "scoring logits": float(scored * positions * m.vocab_size * score_bytes),
+        "update activations": float(
+            minibatch
+            * positions
+            * (m.vocab_size * update_bytes + m.num_hidden_layers * layer_token)
+        ),
+        "generation activations": float(
+            batch * positions * layer_token + batch * m.vocab_size * 12
+        ),
+        "rollout records": float(samples * positions * RECORD_BYTES_PER_TOKEN),
+        "processes": PROCESS_BYTES * (1 + dedicated),
+    }
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def available_bytes() -> int:
+    """Memory this process may still take: MemAvailable, capped by a cgroup (Slurm) limit."""
+    available = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    if available is None:
+        available = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
+    ):
+        limit, usage = _read_int(limit_file), _read_int(usage_file)
+        if limit is not None and usage is not None and limit < available + usage:
+            available = min(available, limit - usage)
+    return available
+
+
+def device_of(cfg: Any) -> str:
+    """The device the run computes on (`device` key when the config has one; CPU otherwise)."""
+    from zkl.device import resolve_device
+
+    return str(resolve_device(str(getattr(cfg, "device", "cpu"))))
+
+
+def _refuse(parts: dict[str, float], free: float, where: str) -> None:
+    total = sum(parts.values())
+    if total <= free:
+        return
+    name = max(parts, key=parts.get)
+    raise ConfigError(
+        f"the run needs about {total / GB:.1f} GB of memory but {where} has "
+        f"{max(free, 0) / GB:.1f} GB free; the largest part is the {name} "
+        f"({parts[name] / GB:.1f} GB): {ADVICE[name]}."
+    )
+
+
+def check_memory(cfg: Any, positions: int) -> None:
+    """Refuse a run whose estimate exceeds the free memory, with the estimate in GB."""
+    parts = estimate(cfg, positions)
+    if device_of(cfg).startswith("cuda") and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info()
+        _refuse({k: v for k, v in parts.items() if k not in HOST_ONLY}, free, "the GPU")
+        parts = {k: v for k, v in parts.items() if k in HOST_ONLY}
+    _refuse(parts, available_bytes(), "this machine")

@@ -6,22 +6,29 @@ import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from zkl.config import CONF_DIR, ConfigError, to_object
+from zkl.tracking.errors import clear_error, record_error
 
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base=None)
 def main(dcfg: DictConfig) -> None:
     from zkl.rl.loop import run
 
-    cfg = to_object(dcfg)
     run_dir = HydraConfig.get().runtime.output_dir
+    clear_error(run_dir)
     try:
-        rows = run(cfg, run_dir)
+        rows = run(to_object(dcfg), run_dir)
     except ConfigError as err:
-        print(f"zkl: {err}", file=sys.stderr)
+        print(f"zkl: {record_error(run_dir, err)}", file=sys.stderr)
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise  # this job fails; the sweep's other jobs still run
         sys.exit(2)
+    except Exception as err:
+        record_error(run_dir, err)
+        raise
     last = rows[-1]
     print(
         f"{len(rows)} steps in {run_dir}: last gen_kl_error={last['train/gen_kl_error']:.3g} "

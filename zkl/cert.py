@@ -21,6 +21,7 @@ from typing import Any
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from zkl import invariance
@@ -188,9 +189,16 @@ def main(dcfg: DictConfig) -> None:
         results = run_cert(cfg, HydraConfig.get().runtime.output_dir)
     except ConfigError as err:
         print(f"zkl.cert: {err}", file=sys.stderr)
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise
         sys.exit(2)
     certified = [r for r in results if not r["variant"].startswith("-")]
-    sys.exit(0 if all(r["passed"] for r in certified) else 1)
+    passed = all(r["passed"] for r in certified)
+    if HydraConfig.get().mode == RunMode.MULTIRUN:  # one job of a sweep: fail it, not the sweep
+        if not passed:
+            raise RuntimeError("a certified bed is not exactly zero (see cert.jsonl)")
+        return
+    sys.exit(0 if passed else 1)
 
 
 if __name__ == "__main__":

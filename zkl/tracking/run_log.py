@@ -32,7 +32,7 @@ def axes(cfg) -> dict[str, str]:
 
 
 class RunLog:
-    def __init__(self, run_dir: str | Path, cfg) -> None:
+    def __init__(self, run_dir: str | Path, cfg, wandb_id: str | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         resolved = OmegaConf.to_container(OmegaConf.structured(cfg))
@@ -40,6 +40,7 @@ class RunLog:
         self._metrics = open(self.run_dir / METRICS_FILE, "a")  # noqa: SIM115 (held for the run)
         self._tokens = open(self.run_dir / TOKENS_FILE, "a")  # noqa: SIM115
         self._wandb = None
+        self.wandb_id = wandb_id  # a resumed run continues its W&B run
         wb = cfg.tracking.wandb
         if wb.mode != "disabled":
             for key, value in (
@@ -60,7 +61,10 @@ class RunLog:
                 tags=[f"{k}:{v}" for k, v in ax.items()] + list(wb.tags),
                 config=resolved,
                 dir=str(self.run_dir),
+                id=wandb_id,
+                resume="allow" if wandb_id else None,
             )
+            self.wandb_id = self._wandb.id
 
     def log(self, step: int, row: dict[str, Any]) -> None:
         row = {"step": step, **row}

@@ -9,6 +9,7 @@ buffer has arrived and matches the manifest: it never holds a mix of two version
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import traceback
 from datetime import timedelta
@@ -18,6 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from zkl import invariance
+from zkl.checkpoint import preempt_signal
 from zkl.generation.engine import Completion, EngineStats, Request
 from zkl.layouts import build_engine, build_generation_model, load_refit, refit_payload
 from zkl.precision import DTYPES
@@ -117,6 +119,8 @@ class DedicatedGenerator:
 def _worker(cfg, fixes, eos_id: int, port: int, conn, threads: int) -> None:
     """The generation process: build the engine, then serve refit / generate until stop."""
     try:
+        for sig in (signal.SIGTERM, preempt_signal()):  # the trainer stops us at a step boundary
+            signal.signal(sig, signal.SIG_IGN)
         torch.set_num_threads(threads)
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
         conn.send(("alive",))

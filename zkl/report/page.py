@@ -33,7 +33,9 @@ td[data-value] { text-align: right; font-variant-numeric: tabular-nums; }
 Series = tuple[str, Sequence, Sequence[float]]  # (name, x values, y values)
 
 
-def zero_band_figure(title: str, series: list[Series], x_title: str, y_title: str) -> go.Figure:
+def zero_band_figure(
+    title: str, series: list[Series], x_title: str, y_title: str, mode: str = "lines+markers"
+) -> go.Figure:
     """Positive values on a log axis; exact zeros on their own row in an "exactly 0" strip."""
     rows = max(len(series), 1)
     band = min(0.45, 0.06 + 0.025 * rows)
@@ -52,7 +54,7 @@ def zero_band_figure(title: str, series: list[Series], x_title: str, y_title: st
                 y=top,
                 name=name,
                 legendgroup=name,
-                mode="lines+markers",
+                mode=mode,
                 line={"color": color},
                 marker={"size": 6},
                 connectgaps=False,
@@ -88,6 +90,9 @@ def zero_band_figure(title: str, series: list[Series], x_title: str, y_title: st
         col=1,
     )
     fig.update_xaxes(title_text=x_title, row=2, col=1)
+    steps = [x for _, xs, _ in series for x in xs if isinstance(x, int)]
+    if steps:  # whole steps: no tick at step 0.2
+        fig.update_xaxes(dtick=max(1, (max(steps) - min(steps)) // 10))
     fig.update_layout(
         title=title,
         height=420 + 14 * rows,

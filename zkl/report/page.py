@@ -28,6 +28,7 @@ th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: left; }
 th { background: #f2f2f2; }
 td[data-value] { text-align: right; font-variant-numeric: tabular-nums; }
 .note { color: #555; font-size: 13px; margin: 2px 0 16px; }
+td:last-child { max-width: 300px; }
 """
 
 Series = tuple[str, Sequence, Sequence[float]]  # (name, x values, y values)
@@ -90,9 +91,12 @@ def zero_band_figure(
         col=1,
     )
     fig.update_xaxes(title_text=x_title, row=2, col=1)
-    steps = [x for _, xs, _ in series for x in xs if isinstance(x, int)]
-    if steps:  # whole steps: no tick at step 0.2
-        fig.update_xaxes(dtick=max(1, (max(steps) - min(steps)) // 10))
+    xs_all = [x for _, xs, _ in series for x in xs]
+    if all(isinstance(x, int) for x in xs_all):  # whole steps: no tick at step 0.2
+        fig.update_xaxes(dtick=max(1, (max(xs_all, default=0) - min(xs_all, default=0)) // 10))
+    else:  # names (the ablation's fixes), in the order given, on both panels
+        order = list(dict.fromkeys(xs_all))
+        fig.update_xaxes(type="category", categoryorder="array", categoryarray=order)
     fig.update_layout(
         title=title,
         height=420 + 14 * rows,

@@ -29,7 +29,7 @@ def fmt(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, float):
-        return "0" if value == 0.0 else f"{value:.3g}"
+        return "0" if value == 0.0 else f"{value:.4g}"
     return str(value)
 
 

@@ -22,7 +22,7 @@ import random
 import signal
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +111,7 @@ class Resume:
 
     step: int = 0
     state: dict[str, Any] | None = None
-    wandb_id: str | None = field(default=None)
+    wandb_id: str | None = None
 
     def restore(self, policy) -> None:
         """Load the saved policy and RNG states (nothing for a fresh run)."""
@@ -168,14 +168,7 @@ def prepare(cfg: ZklConfig, run_dir: str | Path) -> Resume:
     return Resume(step, state, state["wandb_id"])
 
 
-def save(
-    run_dir: str | Path,
-    cfg: ZklConfig,
-    policy,
-    next_step: int,
-    wandb_id: str | None,
-    requeue: bool = False,
-) -> None:
+def save(run_dir: str | Path, cfg: ZklConfig, policy, next_step: int, log, requeue: bool) -> None:
     """Write the state before `next_step` atomically: a temporary file, fsync, rename."""
     rng = {
         "torch": torch.get_rng_state(),
@@ -187,7 +180,7 @@ def save(
         "step": next_step,
         "policy": policy.state_dict(),
         "rng": rng,
-        "wandb_id": wandb_id,
+        "wandb_id": log.wandb_id,
         "config": config_dict(cfg),
         "requeue": requeue,
     }
@@ -238,16 +231,22 @@ class StopSignals:
 class Saver:
     """Saves every `checkpoint.every` steps, after the last step and when a stop signal came."""
 
-    def __init__(self, cfg: ZklConfig, run_dir: str | Path, policy, wandb_id: str | None):
-        self.cfg, self.run_dir, self.policy, self.wandb_id = cfg, run_dir, policy, wandb_id
+    def __init__(self, cfg: ZklConfig, run_dir: str | Path, policy, log):
+        self.cfg, self.run_dir, self.policy, self.log = cfg, run_dir, policy, log
         self.signals = StopSignals()
 
     def __enter__(self) -> Saver:
         self.signals.__enter__()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
         self.signals.__exit__()
+        if self.signals.received and exc_type is not None and issubclass(exc_type, Exception):
+            # The run was being stopped (Slurm signals every process of the job, and the
+            # generator's or W&B's may die first): exit as stopped, not as failed, so that
+            # a requeued job is not reported failed. The last checkpoint stands.
+            print(f"zkl: stopping; the step in flight failed: {exc!r}", file=sys.stderr)
+            raise SystemExit(128 + self.signals.received[0]) from exc
 
     def after_step(self, step: int) -> None:
         """Call once the step is logged: save if it is time, then act on a stop signal."""
@@ -255,6 +254,6 @@ class Saver:
         stop = bool(self.signals.received) and not last
         if last or stop or (every and (step + 1) % every == 0):
             requeue = stop and self.signals.preempted
-            save(self.run_dir, self.cfg, self.policy, step + 1, self.wandb_id, requeue)
+            save(self.run_dir, self.cfg, self.policy, step + 1, self.log, requeue)
         if stop:
             self.signals.act()

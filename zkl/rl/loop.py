@@ -89,6 +89,7 @@ def run(cfg: ZklConfig, run_dir: str | Path, progress: bool | None = None) -> li
     fixes = invariance.resolve(cfg.zero_train_gen_mismatch, vars(cfg.fixes))
     rows: list[dict[str, Any]] = read_metrics(run_dir) if resume.step else []
     log = RunLog(run_dir, cfg, wandb_id=resume.wandb_id)
+    log.replay_to_wandb(rows)
     generator = None
     try:
         with invariance.enabled(fixes):
@@ -99,7 +100,7 @@ def run(cfg: ZklConfig, run_dir: str | Path, progress: bool | None = None) -> li
             show = cfg.tracking.progress if progress is None else progress
             steps = range(resume.step, cfg.rl.steps)
             bar = tqdm(steps, "grpo", cfg.rl.steps, disable=not show, initial=resume.step)
-            with checkpoint.Saver(cfg, run_dir, policy, log.wandb_id) as saver:
+            with checkpoint.Saver(cfg, run_dir, policy, log) as saver:
                 for step in bar:
                     row = train_step(cfg, task, policy, generator, step, log)
                     rows.append(row)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +72,26 @@ class RunLog:
         self._metrics.write(json.dumps(row) + "\n")
         self._metrics.flush()
         os.fsync(self._metrics.fileno())
-        if self._wandb is not None:
-            self._wandb.log(row, step=step)
+        self._to_wandb(row)
+
+    def replay_to_wandb(self, rows: list[dict[str, Any]]) -> None:
+        """A resumed run's earlier rows: the W&B service may have died with them unsent.
+
+        W&B keeps a resumed run's steps increasing, so rows it already has are dropped."""
+        for row in rows:
+            self._to_wandb(row)
+
+    def _to_wandb(self, row: dict[str, Any]) -> None:
+        if self._wandb is None:
+            return
+        try:
+            self._wandb.log(row, step=row["step"])
+        except Exception as err:  # Slurm's SIGTERM reaches the W&B service process too
+            self._wandb_lost(err)
+
+    def _wandb_lost(self, err: Exception) -> None:
+        print(f"zkl: W&B stopped ({type(err).__name__}); metrics.jsonl goes on", file=sys.stderr)
+        self._wandb = None
 
     def log_tokens(self, records: list[dict[str, Any]]) -> None:
         for record in records:
@@ -83,7 +102,10 @@ class RunLog:
         self._metrics.close()
         self._tokens.close()
         if self._wandb is not None:
-            self._wandb.finish()
+            try:
+                self._wandb.finish()
+            except Exception as err:
+                self._wandb_lost(err)
             self._wandb = None
 
 

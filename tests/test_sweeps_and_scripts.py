@@ -106,3 +106,16 @@ def test_recompute_metrics_script(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(rows)  # tamper: the script must notice
     bad = subprocess.run(script, env=_env(), capture_output=True, text=True)
     assert bad.returncode == 1 and "gen_kl_error" in bad.stdout
+
+
+def test_local_launcher_runs_each_job_in_its_own_directory(tmp_path):
+    """hydra/launcher=local: submitit_local, the same jobs without a cluster."""
+    cmd = [sys.executable, "-m", "zkl", "-m", "hydra/launcher=local", f"hydra.sweep.dir={tmp_path}"]
+    cmd += [*QUIET, *TINY, "kv=recompute,persist"]
+    out = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    sources = discover([tmp_path])
+    assert sorted(r.name for r in sources.runs) == ["0", "1"]
+    assert {r.flat["kv.mode"] for r in sources.runs} == {"recompute", "persist"}
+    assert all(r.status == "complete" for r in sources.runs)
+    assert (tmp_path / ".submitit").is_dir()

@@ -121,7 +121,8 @@ mariadb -e "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '$DB_PAS
   GRANT ALL ON zkl_slurm_acct.* TO 'slurm'@'localhost'; FLUSH PRIVILEGES;"
 
 if ! running munged; then
-  runuser -u munge -- munged --pid-file="$(pid_file munged)"
+  # fails harmlessly when a munged it did not start already serves the socket
+  runuser -u munge -- munged --pid-file="$(pid_file munged)" || true
 fi
 wait_for 20 munge bash -c "munge -n | unmunge"
 
@@ -132,7 +133,7 @@ fi
 sacctmgr -n show cluster format=cluster | grep -q zkl-local ||
   sacctmgr -i add cluster zkl-local >/dev/null
 if ! running slurmctld; then
-  slurmctld
+  slurmctld -c # a fresh controller forgets the jobs of earlier sessions (-c: clear state)
   wait_for 60 slurmctld scontrol ping
 fi
 if ! running slurmd; then

@@ -119,18 +119,21 @@ def test_bad_config_fails_only_its_job(tmp_path):
 class Sweep:
     """A one-job multirun in the background; a watcher releases the job whenever it requeues.
 
-    Slurm holds a requeued job for 120 s (BeginTime); the watcher lets it start at once.
+    Slurm holds a requeued job for 120 s (BeginTime); the watcher lets it start at once. With
+    `requeue_at`, the watcher requeues the job (`scontrol requeue`) once it logged that many
+    steps.
     """
 
-    def __init__(self, sweep_dir: Path, *overrides: str, wandb: str = "disabled") -> None:
-        self.dir = sweep_dir
+    def __init__(
+        self, sweep_dir: Path, *overrides: str, wandb: str = "disabled", requeue_at: int = 0
+    ) -> None:
+        self.dir, self.requeue_at = sweep_dir, requeue_at
         cmd = [sys.executable, "-m", "zkl", "-m", "--config-dir", str(REPO / "sweeps")]
         cmd += ["--config-name", "precision_matrix", "hydra/launcher=slurm"]
         cmd += [f"hydra.sweep.dir={sweep_dir}", f"tracking.wandb.mode={wandb}", *overrides]
         self.proc = subprocess.Popen(
             cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )
-        self.on_rows: tuple[int, callable] | None = None
         self.watcher = threading.Thread(target=self._watch, daemon=True)
         self.watcher.start()
 
@@ -142,13 +145,10 @@ class Sweep:
     def _watch(self) -> None:
         while self.proc.poll() is None:
             job = self.job
-            if (
-                job
-                and self.on_rows
-                and len(_rows(self.dir / "0" / "metrics.jsonl")) >= self.on_rows[0]
-            ):
-                self.on_rows[1](job)
-                self.on_rows = None
+            logged = len(_rows(self.dir / "0" / "metrics.jsonl"))
+            if job and self.requeue_at and logged >= self.requeue_at:
+                subprocess.run(["scontrol", "requeue", job], check=True)
+                self.requeue_at = 0
             if job:
                 state = subprocess.run(
                     ["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True
@@ -169,13 +169,16 @@ def long_jobs(tmp_path_factory):
     """Two long jobs at once (one to requeue by hand, one past its time limit) and, meanwhile,
     the uninterrupted run of the same config in this process."""
     root = tmp_path_factory.mktemp("long")
-    requeued = Sweep(root / "requeued", *LONG, wandb="offline")
-    requeued.on_rows = (8, lambda job: subprocess.run(["scontrol", "requeue", job], check=True))
+    requeued = Sweep(root / "requeued", *LONG, wandb="offline", requeue_at=8)
     limit = ["hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=59"]
     timed = Sweep(root / "timed", *LONG, *limit, "hydra.launcher.max_num_timeout=20")
     run(make_cfg(*LONG), root / "reference")
     reference = _without_timing(_rows(root / "reference" / "metrics.jsonl"))
-    return requeued, timed, reference
+    yield requeued, timed, reference
+    for sweep in (requeued, timed):  # after a failure: leave no job behind
+        if sweep.proc.poll() is None:
+            sweep.proc.kill()
+            subprocess.run(["scancel", sweep.job or "0"])
 
 
 def test_requeued_job_resumes_bitwise(long_jobs):

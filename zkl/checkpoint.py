@@ -138,8 +138,10 @@ def prepare(cfg: ZklConfig, run_dir: str | Path) -> Resume:
         )
     run_dir = Path(run_dir)
     path = run_dir / CHECKPOINT_FILE
-    state = torch.load(path, weights_only=True) if path.exists() else None
     in_submitit = bool(os.environ.get("SUBMITIT_EXECUTOR"))
+    maybe_resume = cfg.resume or in_submitit or requeued_by_slurm()
+    load = maybe_resume and path.exists()  # tensors land on the CPU, then copy to the device
+    state = torch.load(path, map_location="cpu", weights_only=True) if load else None
     restarted = requeued_by_slurm() or (in_submitit and state is not None and state["requeue"])
     if not (cfg.resume or restarted):
         metrics = run_dir / METRICS_FILE

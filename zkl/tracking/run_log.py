@@ -75,9 +75,10 @@ class RunLog:
         self._to_wandb(row)
 
     def replay_to_wandb(self, rows: list[dict[str, Any]]) -> None:
-        """A resumed run's earlier rows: the W&B service may have died with them unsent.
+        """A resumed run's earlier rows, which the W&B service may have died with unsent.
 
-        W&B keeps a resumed run's steps increasing, so rows it already has are dropped."""
+        W&B keeps a resumed run's steps increasing: rows it already holds are dropped.
+        """
         for row in rows:
             self._to_wandb(row)
 

@@ -67,7 +67,8 @@ def _script(sweep_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
 
 
 def _slurm_jobs(sweep_dir: Path) -> list[str]:
-    return sorted(p.name for p in (sweep_dir / ".submitit").glob("[0-9]*") if p.is_dir())
+    """The Slurm job ids (`123`, or `123_0` for an array task) that ran, from their logs."""
+    return sorted({p.parent.name for p in (sweep_dir / ".submitit").glob("*/*_log.err")})
 
 
 def _state(job: str) -> str:

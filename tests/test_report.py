@@ -90,7 +90,11 @@ def test_zero_band_keeps_every_zero(sweep):
     traces = {}
     for trace in fig.data:
         traces.setdefault(trace.name, []).append(trace)
-    top, band = traces["1"]
+    assert sorted(traces) == ["0 tiny_dense/6/0/all on", "1 tiny_moe/6/0/all on"] + [
+        "2 tiny_moe/6/0/-logprob_path",
+        "4 tiny_dense/6/1/all on",
+    ]
+    top, band = traces["1 tiny_moe/6/0/all on"]
     assert list(band.x) == [0, 2] and list(top.y) == [None, 1e-7, None]
     assert fig.layout.yaxis.type == "log"
     assert list(fig.layout.yaxis2.ticktext) == ["exactly 0"]

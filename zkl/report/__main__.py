@@ -41,7 +41,11 @@ def main(argv: list[str] | None = None) -> int:
         flat = sources.runs[0].flat if sources.runs else {}
         entity = args.entity or flat.get("tracking.wandb.entity")
         project = args.project or flat.get("tracking.wandb.project") or "zkl"
-        print(wandb_report.publish(wandb_report.build(sources, entity, project, args.title)))
+        try:
+            print(wandb_report.publish(wandb_report.build(sources, entity, project, args.title)))
+        except Exception as err:  # offline, not logged in, no such project, ...
+            print(f"zkl.report: could not save the W&B Report ({err}).", file=sys.stderr)
+            return 1
     return 0
 
 

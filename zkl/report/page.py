@@ -17,7 +17,7 @@ from plotly.colors import qualitative
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
-from zkl.report.runs import KL, Sources, sweep_axes
+from zkl.report.runs import KL, Run, Sources, axis_value, sweep_axes
 from zkl.report.tables import ablation, all_tables, ordered
 
 PALETTE = qualitative.Dark24
@@ -108,9 +108,16 @@ def zero_band_figure(
 
 
 def kl_figure(sources: Sources) -> go.Figure:
-    runs = ordered([r for r in sources.runs if r.rows], sweep_axes(sources.runs))
-    series = [(r.name, [row["step"] for row in r.rows], r.series(KL)) for r in runs]
+    axes = sweep_axes(sources.runs)
+    runs = ordered([r for r in sources.runs if r.rows], axes)
+    series = [(_label(r, axes), [row["step"] for row in r.rows], r.series(KL)) for r in runs]
     return zero_band_figure("gen_kl_error per step, every run", series, "step", "gen_kl_error")
+
+
+def _label(run: Run, axes: list[str]) -> str:
+    """The run's directory and its values on the sweep's axes: `3 bf16/persist`."""
+    values = "/".join(axis_value(run, a) for a in axes)
+    return f"{run.name} {values}" if values else run.name
 
 
 def ablation_figure(data: dict[str, dict[str, float]]) -> go.Figure:

@@ -2,35 +2,91 @@
 
 from __future__ import annotations
 
-import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+import yaml
+
+from zkl.invariance import FIXES
+from zkl.report.runs import discover
 
 REPO = Path(__file__).resolve().parent.parent
 SWEEPS = sorted(p.stem for p in (REPO / "sweeps").glob("*.yaml"))
 TINY = ["rl.steps=1", "rl.prompts_per_step=2", "rl.samples_per_prompt=2"]
 QUIET = ["tracking.wandb.mode=disabled", "tracking.progress=false"]
+# Each sweep's documented command runs for real, on fewer points where the sweep is large.
+SMALLER = {
+    "fix_ablation": ["+precision=mxfp8"],  # still all eight fixes
+    "cert_beds": ["cert.steps=1", "cert.models=[tiny_moe]", "cert.precisions=[mxfp8]"],
+}
 
 
 def _env():
     return {**os.environ, "PYTHONPATH": str(REPO)}
 
 
+def documented_command(sweep: str) -> list[str]:
+    """The first `python -m ...` command in the sweep file's header, as argv."""
+    for line in (REPO / "sweeps" / f"{sweep}.yaml").read_text().splitlines():
+        if line.lstrip("# ").startswith("python -m "):
+            return shlex.split(line.lstrip("# "))
+    raise AssertionError(f"sweeps/{sweep}.yaml documents no command")
+
+
 @pytest.mark.parametrize("sweep", SWEEPS)
 def test_sweep_runs_every_job(sweep, tmp_path):
-    cmd = [sys.executable, "-m", "zkl", "-m", "--config-dir", str(REPO / "sweeps")]
-    cmd += ["--config-name", sweep, f"hydra.sweep.dir={tmp_path}", *QUIET, *TINY]
+    cmd = documented_command(sweep)
+    if "device: cuda" in (REPO / "sweeps" / f"{sweep}.yaml").read_text():
+        if not torch.cuda.is_available():
+            pytest.skip("a GPU sweep (device: cuda)")
+        cmd.append("hydra/launcher=basic")
+    assert cmd[:3] in (["python", "-m", "zkl"], ["python", "-m", "zkl.cert"])
+    cmd[0] = sys.executable
+    cmd[cmd.index("--config-dir") + 1] = str(REPO / "sweeps")
+    cmd += [f"hydra.sweep.dir={tmp_path}", *QUIET, *TINY, *SMALLER.get(sweep, [])]
     out = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     jobs = sorted(p for p in tmp_path.iterdir() if p.is_dir() and p.name.isdigit())
-    assert len(jobs) >= 4
-    for job in jobs:
-        rows = [json.loads(x) for x in (job / "metrics.jsonl").read_text().splitlines()]
-        assert len(rows) == 1
+    assert len(jobs) >= 4 or (sweep in SMALLER and len(jobs) >= 2)
+    sources = discover([tmp_path])
+    assert len(sources.runs) == len(jobs) and all(r.status == "complete" for r in sources.runs)
+    assert all(len(r.rows) == 1 for r in sources.runs)
+    if sweep == "cert_beds":
+        assert len(sources.cert) == len(jobs)
+    if sweep == "fix_ablation":
+        fixes_off = {r.fixes for r in sources.runs}
+        assert fixes_off == {"all on"} | {f"-{name}" for name in FIXES}
+
+
+def _launcher(*overrides: str) -> dict:
+    """The resolved hydra.launcher of `python -m zkl <overrides>`."""
+    cmd = [sys.executable, "-m", "zkl", "--cfg", "all", "--resolve", *overrides]
+    out = subprocess.run(cmd, env=_env(), capture_output=True, text=True, check=True)
+    return yaml.safe_load(out.stdout)["hydra"]["launcher"]
+
+
+def test_launcher_presets_compose():
+    """slurm and local presets resolve; slurm_gpu asks for the GPUs each layout needs."""
+    for layout, gpus in (("colocated", 1), ("dedicated", 2)):
+        launcher = _launcher("hydra/launcher=slurm_gpu", f"+layout={layout}")
+        assert launcher["gpus_per_node"] == gpus
+    slurm = _launcher("hydra/launcher=slurm", "hydra.launcher.partition=cpu")
+    assert slurm["_target_"].endswith("submitit_launcher.SlurmLauncher")
+    assert (slurm["partition"], slurm["cpus_per_task"], slurm["max_num_timeout"]) == ("cpu", 1, 3)
+    local = _launcher("hydra/launcher=local")
+    assert local["_target_"].endswith("submitit_launcher.LocalLauncher")
+
+
+def test_ablate_group_covers_every_fix():
+    names = {p.stem for p in (REPO / "sweeps" / "ablate").glob("*.yaml")}
+    assert names == {"none", *FIXES}
+    params = (REPO / "sweeps" / "fix_ablation.yaml").read_text()
+    assert all(name in params for name in FIXES)
 
 
 def test_recompute_metrics_script(tmp_path):
@@ -50,3 +106,16 @@ def test_recompute_metrics_script(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(rows)  # tamper: the script must notice
     bad = subprocess.run(script, env=_env(), capture_output=True, text=True)
     assert bad.returncode == 1 and "gen_kl_error" in bad.stdout
+
+
+def test_local_launcher_runs_each_job_in_its_own_directory(tmp_path):
+    """hydra/launcher=local: submitit_local, the same jobs without a cluster."""
+    cmd = [sys.executable, "-m", "zkl", "-m", "hydra/launcher=local", f"hydra.sweep.dir={tmp_path}"]
+    cmd += [*QUIET, *TINY, "kv=recompute,persist"]
+    out = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    sources = discover([tmp_path])
+    assert sorted(r.name for r in sources.runs) == ["0", "1"]
+    assert {r.flat["kv.mode"] for r in sources.runs} == {"recompute", "persist"}
+    assert all(r.status == "complete" for r in sources.runs)
+    assert (tmp_path / ".submitit").is_dir()

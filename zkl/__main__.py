@@ -8,6 +8,7 @@ from omegaconf import DictConfig
 
 from zkl.cli import guarded
 from zkl.config import CONF_DIR, to_object
+from zkl.tracking.errors import clear_error, record_error
 
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base=None)
@@ -19,7 +20,12 @@ def experiment(dcfg: DictConfig) -> None:
     from zkl.rl.loop import run
 
     run_dir = HydraConfig.get().runtime.output_dir
-    rows = run(to_object(dcfg), run_dir)
+    clear_error(run_dir)
+    try:
+        rows = run(to_object(dcfg), run_dir)
+    except Exception as err:  # the sentence goes to error.txt for the comparison report
+        record_error(run_dir, err)
+        raise
     last = rows[-1]
     print(
         f"{len(rows)} steps in {run_dir}: last gen_kl_error={last['train/gen_kl_error']:.3g} "

@@ -23,6 +23,21 @@ from zkl.errors import ConfigError, RunFault
 MIN_FREE_BYTES = 1 << 20  # a run directory on a disk with less free space is refused
 
 
+def _in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _fail(prog: str, message: str, code: int) -> None:
+    """One line and an exit code; inside a multirun, fail this job alone (the sweep goes on)."""
+    print(f"{prog}: {message}", file=sys.stderr)
+    if _in_multirun():
+        raise RuntimeError(f"{prog}: {message}") from None
+    sys.exit(code)
+
+
 def guarded(prog: str, body: Callable[[], int | None]) -> None:
     """Run an entry point's body; turn its failures into one line and an exit code.
 
@@ -31,16 +46,15 @@ def guarded(prog: str, body: Callable[[], int | None]) -> None:
     try:
         code = body()
     except ConfigError as err:
-        print(f"{prog}: {err}", file=sys.stderr)
-        sys.exit(2)
+        _fail(prog, str(err), 2)
     except RunFault as err:
-        print(f"{prog}: {err}", file=sys.stderr)
-        sys.exit(1)
+        _fail(prog, str(err), 1)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; every step logged so far is complete.", file=sys.stderr)
         sys.exit(130)
-    if code:
-        sys.exit(code)
+    else:
+        if code:
+            _fail(prog, f"exit code {code}", code)
 
 
 def run_dir_problem(directory: str) -> str | None:

@@ -121,6 +121,11 @@ class CertConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    every: int = 10  # save every N steps (0: only after the last step and on a stop signal)
+
+
+@dataclass
 class FixesConfig:
     """null: follow `zero_train_gen_mismatch`; true/false: force one fix."""
 
@@ -147,15 +152,24 @@ class ZklConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     cert: CertConfig = field(default_factory=CertConfig)
     fixes: FixesConfig = field(default_factory=FixesConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    resume: bool = False  # continue from run_dir/checkpoint.pt (zkl/checkpoint.py)
     zero_train_gen_mismatch: bool = True
     seed: int = 0
     device: str = "cpu"  # cpu (the embedded default) | cuda | cuda:N | auto (CUDA when present)
     num_threads: int = 0  # 0: torch's default; the dedicated generator uses the same number
 
 
+def layout_gpus(layout: str) -> int:
+    """GPUs a run of `layout` needs on a GPU device: the trainer's, plus the generator's."""
+    return 2 if layout == "dedicated" else 1
+
+
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="zkl_schema", node=ZklConfig)
+    # conf/hydra/launcher/slurm_gpu.yaml asks Slurm for ${zkl_gpus:${layout.name}} GPUs.
+    OmegaConf.register_new_resolver("zkl_gpus", layout_gpus, replace=True)
 
 
 register_configs()

@@ -28,6 +28,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from zkl import invariance
+from zkl.checkpoint import preempt_signal
 from zkl.device import resolve_device
 from zkl.errors import RunFault
 from zkl.generation.engine import Completion, EngineStats, Request
@@ -244,6 +245,8 @@ def _worker(cfg, fixes, eos_id: int, port: int, conn, threads: int, stderr: str 
         os.close(fd)
     faulthandler.enable()  # a crash in native code leaves its stack in the stderr file
     try:
+        for sig in (signal.SIGTERM, preempt_signal()):  # the trainer stops us at a step boundary
+            signal.signal(sig, signal.SIG_IGN)
         torch.set_num_threads(threads)
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
         conn.send(("alive",))

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from zkl import invariance
+from zkl import checkpoint, invariance
 from zkl.config import ZklConfig, validate
 from zkl.generation.engine import Completion, Request
 from zkl.generation.sampling import SamplingParams
@@ -24,7 +24,7 @@ from zkl.rl.grpo import group_advantages
 from zkl.rl.policy import Policy, UpdateBatch
 from zkl.rl.task import build_task
 from zkl.scoring import score
-from zkl.tracking.run_log import RunLog
+from zkl.tracking.run_log import RunLog, read_metrics
 
 TIMING_PREFIXES = ("timing/", "perf/")
 
@@ -76,25 +76,35 @@ def validate_run(cfg: ZklConfig, task) -> None:
 
 
 def run(cfg: ZklConfig, run_dir: str | Path, progress: bool | None = None) -> list[dict[str, Any]]:
-    """Run `cfg.rl.steps` GRPO steps; return the metric rows (also in run_dir/metrics.jsonl)."""
+    """Run `cfg.rl.steps` GRPO steps; return the metric rows (also in run_dir/metrics.jsonl).
+
+    A resumed run (zkl/checkpoint.py) starts at its checkpoint's step; the rows returned
+    include the earlier steps' rows, read back from metrics.jsonl.
+    """
     task = build_task(cfg.task, cfg.model.vocab_size)
     validate_run(cfg, task)
+    resume = checkpoint.prepare(cfg, run_dir)
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     fixes = invariance.resolve(cfg.zero_train_gen_mismatch, vars(cfg.fixes))
-    rows: list[dict[str, Any]] = []
-    log = RunLog(run_dir, cfg)
+    rows: list[dict[str, Any]] = read_metrics(run_dir) if resume.step else []
+    log = RunLog(run_dir, cfg, wandb_id=resume.wandb_id)
+    log.replay_to_wandb(rows)
     generator = None
     try:
         with invariance.enabled(fixes):
             policy = Policy(cfg)
+            resume.restore(policy)
             generator = build_generator(cfg, policy, task.tokenizer.eos_id, run_dir)
             generator.refit(policy.refit_state(), policy.version)
             show = cfg.tracking.progress if progress is None else progress
-            with tqdm(range(cfg.rl.steps), desc="grpo", disable=not show) as steps:
-                for step in steps:  # `with`: an interrupt leaves the bar's line finished
+            steps = range(resume.step, cfg.rl.steps)
+            bar = tqdm(steps, "grpo", cfg.rl.steps, disable=not show, initial=resume.step)
+            with bar, checkpoint.Saver(cfg, run_dir, policy, log) as saver:
+                for step in bar:  # `with bar`: an interrupt leaves the bar's line finished
                     row = train_step(cfg, task, policy, generator, step, log)
                     rows.append(row)
+                    saver.after_step(step)
     finally:
         if generator is not None:
             generator.close()

@@ -57,6 +57,26 @@ class Policy:
         self.reference = copy.deepcopy(self.model).eval() if cfg.rl.kl_coef > 0 else None
         self.version = 0
 
+    def state_dict(self) -> dict:
+        """What a bitwise resume needs: weights, fp32 masters, AdamW state and weight version."""
+        separate = self.masters is not self.params
+        return {
+            "model": self.model.state_dict(),
+            "masters": [m.detach() for m in self.masters] if separate else None,
+            "optimizer": self.optimizer.state_dict(),
+            "version": self.version,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore `state_dict()` in place (the generator's shared model sees the weights)."""
+        self.model.load_state_dict(state["model"], strict=True)
+        if state["masters"] is not None:
+            with torch.no_grad():
+                for m, saved in zip(self.masters, state["masters"], strict=True):
+                    m.copy_(saved)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = state["version"]
+
     def refit_state(self) -> dict[str, torch.Tensor]:
         """Exactly the tensors the trainer's forward uses (shared storage, no copy)."""
         return {name: p.detach() for name, p in self.model.named_parameters()}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ def axes(cfg) -> dict[str, str]:
 
 
 class RunLog:
-    def __init__(self, run_dir: str | Path, cfg) -> None:
+    def __init__(self, run_dir: str | Path, cfg, wandb_id: str | None = None) -> None:
         self.run_dir = Path(run_dir)
         self._fds: list[int] = []
         resolved = OmegaConf.to_container(OmegaConf.structured(cfg))
@@ -55,6 +56,7 @@ class RunLog:
                 "choose another hydra.run.dir."
             ) from None
         self._wandb = None
+        self.wandb_id = wandb_id  # a resumed run continues its W&B run
         wb = cfg.tracking.wandb
         if wb.mode != "disabled":
             for key, value in (
@@ -75,7 +77,10 @@ class RunLog:
                 tags=[f"{k}:{v}" for k, v in ax.items()] + list(wb.tags),
                 config=resolved,
                 dir=str(self.run_dir),
+                id=wandb_id,
+                resume="allow" if wandb_id else None,
             )
+            self.wandb_id = self._wandb.id
 
     def _open(self, name: str) -> int:
         """An append descriptor for `name`, a torn last line left by a killed writer cut off."""
@@ -118,8 +123,27 @@ class RunLog:
     def log(self, step: int, row: dict[str, Any]) -> None:
         row = {"step": step, **row}
         self._append(self._metrics, METRICS_FILE, json.dumps(row) + "\n", sync=True)
-        if self._wandb is not None:
-            self._wandb.log(row, step=step)
+        self._to_wandb(row)
+
+    def replay_to_wandb(self, rows: list[dict[str, Any]]) -> None:
+        """A resumed run's earlier rows, which the W&B service may have died with unsent.
+
+        W&B keeps a resumed run's steps increasing: rows it already holds are dropped.
+        """
+        for row in rows:
+            self._to_wandb(row)
+
+    def _to_wandb(self, row: dict[str, Any]) -> None:
+        if self._wandb is None:
+            return
+        try:
+            self._wandb.log(row, step=row["step"])
+        except Exception as err:  # Slurm's SIGTERM reaches the W&B service process too
+            self._wandb_lost(err)
+
+    def _wandb_lost(self, err: Exception) -> None:
+        print(f"zkl: W&B stopped ({type(err).__name__}); metrics.jsonl goes on", file=sys.stderr)
+        self._wandb = None
 
     def log_tokens(self, records: list[dict[str, Any]]) -> None:
         text = "".join(json.dumps(record) + "\n" for record in records)
@@ -129,7 +153,10 @@ class RunLog:
         while self._fds:
             os.close(self._fds.pop())
         if getattr(self, "_wandb", None) is not None:
-            self._wandb.finish()
+            try:
+                self._wandb.finish()
+            except Exception as err:
+                self._wandb_lost(err)
             self._wandb = None
 
 

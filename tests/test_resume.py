@@ -1,0 +1,127 @@
+"""Checkpoint and resume: a resumed run's metrics.jsonl equals an uninterrupted run's, bitwise."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_cfg
+
+from zkl.checkpoint import CHECKPOINT_FILE
+from zkl.config import ConfigError
+from zkl.rl.loop import TIMING_PREFIXES, run
+from zkl.tracking.errors import ERROR_FILE
+from zkl.tracking.wandb_reader import read_run_info
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = ["rl.prompts_per_step=2", "rl.samples_per_prompt=2", "tracking.dump_tokens=all"]
+STEPS = 6
+
+
+def without_timing(path: Path) -> list[dict]:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIXES)} for r in rows]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """An uninterrupted 6-step run."""
+    run_dir = tmp_path_factory.mktemp("reference")
+    run(make_cfg(f"rl.steps={STEPS}", *TINY), run_dir)
+    return run_dir
+
+
+def assert_same_run(run_dir: Path, reference: Path) -> None:
+    assert without_timing(run_dir / "metrics.jsonl") == without_timing(reference / "metrics.jsonl")
+    assert (run_dir / "tokens.jsonl").read_text() == (reference / "tokens.jsonl").read_text()
+
+
+def test_resume_by_hand_equals_uninterrupted(reference, tmp_path):
+    """3 steps, stop, `resume=true` to 6: the same rows, tokens and final weights."""
+    run(make_cfg("rl.steps=3", "checkpoint.every=2", *TINY), tmp_path)
+    assert torch.load(tmp_path / CHECKPOINT_FILE, weights_only=True)["step"] == 3
+    rows = run(make_cfg(f"rl.steps={STEPS}", "resume=true", *TINY), tmp_path)
+    assert [r["step"] for r in rows] == list(range(STEPS))
+    assert_same_run(tmp_path, reference)
+    final = torch.load(tmp_path / CHECKPOINT_FILE, weights_only=True)
+    assert final["step"] == STEPS and final["policy"]["version"] == STEPS
+
+
+def _start(run_dir: Path, *overrides: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "zkl", f"hydra.run.dir={run_dir}", "tracking.progress=false"]
+    cmd += ["tracking.wandb.mode=disabled", *TINY, *overrides]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_rows(run_dir: Path, count: int, proc: subprocess.Popen) -> None:
+    metrics = run_dir / "metrics.jsonl"
+    for _ in range(1200):
+        if metrics.exists() and metrics.read_text().count("\n") >= count:
+            return
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.05)
+    raise AssertionError(f"{metrics} never reached {count} rows")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_killed_run_resumes_without_losing_or_repeating_a_step(sig, reference, tmp_path):
+    """SIGTERM: the step finishes, is saved, the run exits. SIGKILL: back to the last save."""
+    proc = _start(tmp_path, f"rl.steps={STEPS}", "checkpoint.every=2")
+    _wait_for_rows(tmp_path, 3, proc)  # step 2 began: the save after step 1 is on disk
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == (128 + sig if sig == signal.SIGTERM else -sig), err
+    logged = len((tmp_path / "metrics.jsonl").read_text().splitlines())
+    saved = torch.load(tmp_path / CHECKPOINT_FILE, weights_only=True)["step"]
+    if sig == signal.SIGTERM:
+        assert saved == logged < STEPS  # saved at the end of the step it was in
+    else:
+        assert saved % 2 == 0 and saved <= logged
+    again = _start(tmp_path, f"rl.steps={STEPS}", "resume=true")
+    _, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err
+    assert f"resuming {tmp_path} from step {saved}" in err
+    assert_same_run(tmp_path, reference)
+
+
+def test_run_into_used_directory_refuses(tmp_path):
+    run(make_cfg("rl.steps=1", *TINY), tmp_path)
+    with pytest.raises(ConfigError, match=r"already holds metrics.jsonl: pass resume=true"):
+        run(make_cfg("rl.steps=1", *TINY), tmp_path)
+    proc = _start(tmp_path, "rl.steps=1")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    sentence = (tmp_path / ERROR_FILE).read_text().strip()
+    assert sentence.endswith("or choose another hydra.run.dir.") and sentence in err
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1  # nothing appended
+
+
+def test_resume_refuses_another_config(tmp_path):
+    run(make_cfg("rl.steps=1", *TINY), tmp_path)
+    with pytest.raises(ConfigError, match=r"rl.lr was 0.01, now 0.02"):
+        run(make_cfg("rl.steps=2", "resume=true", "rl.lr=0.02", *TINY), tmp_path)
+
+
+def test_resume_refuses_stale_prefix_cache(tmp_path):
+    """With kv_invalidate_on_refit off the prefix cache outlives refits; it is not saved."""
+    base = ["kv=persist", "fixes.kv_invalidate_on_refit=false", *TINY]
+    run(make_cfg("rl.steps=1", *base), tmp_path)
+    with pytest.raises(ConfigError, match="cannot resume bitwise"):
+        run(make_cfg("rl.steps=2", "resume=true", *base), tmp_path)
+
+
+def test_resume_continues_the_wandb_run(tmp_path):
+    run(make_cfg("rl.steps=1", *TINY, quiet=False), tmp_path, progress=False)
+    run(make_cfg("rl.steps=2", "resume=true", *TINY, quiet=False), tmp_path, progress=False)
+    logs = sorted((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(logs) == 2
+    first, second = (read_run_info(p)["id"] for p in logs)
+    assert first == second == torch.load(tmp_path / CHECKPOINT_FILE)["wandb_id"]

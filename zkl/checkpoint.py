@@ -1,0 +1,261 @@
+"""Checkpoint and resume: a run's state at a step boundary, so a resumed run is bitwise the same.
+
+Rollouts are a function of (seed, step, weights): requests are seeded from (seed, step, index).
+So the state is the policy (weights, fp32 masters, AdamW), the weight version, the RNG
+states, the next step and the W&B run id, in `run_dir/checkpoint.pt`, written atomically.
+With `kv_invalidate_on_refit` and `quantized_weight_refresh` on, the engine keeps nothing
+across a refit that a later step can see, so it needs no saving; with either off it reuses
+state computed with older weights, which is not saved, and such a run refuses to resume.
+
+SIGTERM and submitit's preemption signal (USR2; Slurm sends it before the time limit) wait
+for the end of the current step: the step is logged, the state saved, then the signal's
+earlier handler runs (submitit's calls the launcher's `checkpoint` hook and requeues the job)
+or the run exits. A requeued job (`SLURM_RESTART_COUNT` > 0, or a submitit job restarted
+after such a signal) resumes by itself; by hand it is `python -m zkl ... resume=true`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from zkl import invariance
+from zkl.config import ConfigError, ZklConfig
+from zkl.tracking.run_log import METRICS_FILE, TOKENS_FILE
+
+CHECKPOINT_FILE = "checkpoint.pt"
+FORMAT = 1
+# Keys a resumed run may change: none of them changes a logged number.
+MAY_CHANGE = ("resume", "rl.steps", "checkpoint.", "tracking.progress", "tracking.wandb.")
+
+
+def preempt_signal() -> signal.Signals:
+    """The signal submitit turns into checkpoint-and-requeue (`SUBMITIT_PREEMPT_SIGNAL`)."""
+    return getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(_flat(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+def config_dict(cfg: ZklConfig) -> dict[str, Any]:
+    return OmegaConf.to_container(OmegaConf.structured(cfg))
+
+
+def _check_same_config(cfg: ZklConfig, saved: dict[str, Any]) -> None:
+    now, then = _flat(config_dict(cfg)), _flat(saved)
+    for key in sorted(set(now) | set(then)):
+        if key.startswith(MAY_CHANGE) or now.get(key) == then.get(key):
+            continue
+        raise ConfigError(
+            f"resuming needs the config the run started with: {key} was {then.get(key)!r}, "
+            f"now {now.get(key)!r}."
+        )
+
+
+def _check_engine_state_free(cfg: ZklConfig) -> None:
+    """Refuse a resume that could not be bitwise: the engine's stale state is not saved."""
+    fixes = invariance.resolve(cfg.zero_train_gen_mismatch, vars(cfg.fixes))
+    if cfg.kv.mode == "persist" and "kv_invalidate_on_refit" not in fixes:
+        raise ConfigError(
+            "a kv=persist run without fix kv_invalidate_on_refit cannot resume bitwise "
+            "(its stale prefix cache is not checkpointed); rerun it from step 0."
+        )
+    if cfg.precision.linear_quant != "none" and "quantized_weight_refresh" not in fixes:
+        raise ConfigError(
+            "a quantized run without fix quantized_weight_refresh cannot resume bitwise "
+            "(its stale quantized weights are not checkpointed); rerun it from step 0."
+        )
+
+
+def _truncate_jsonl(path: Path, next_step: int) -> list[int]:
+    """Keep the complete records of steps before `next_step`; return their steps."""
+    if not path.exists():
+        return []
+    kept, steps = [], []
+    for line in path.read_text().splitlines(keepends=True):
+        if not line.endswith("\n"):
+            break  # a record cut by a kill
+        record = json.loads(line)
+        if record["step"] < next_step:
+            kept.append(line)
+            steps.append(record["step"])
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)
+    return steps
+
+
+def requeued_by_slurm() -> bool:
+    return int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0
+
+
+@dataclass
+class Resume:
+    """Where a run starts: step 0, or the checkpoint's step with its state."""
+
+    step: int = 0
+    state: dict[str, Any] | None = None
+    wandb_id: str | None = None
+
+    def restore(self, policy) -> None:
+        """Load the saved policy and RNG states (nothing for a fresh run)."""
+        if self.state is None:
+            return
+        policy.load_state_dict(self.state["policy"])
+        rng = self.state["rng"]
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        if rng.get("cuda") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def prepare(cfg: ZklConfig, run_dir: str | Path) -> Resume:
+    """Decide how the run in `run_dir` starts; trim its logs to the checkpoint when resuming.
+
+    Refuses (ConfigError, one sentence) a fresh run into a directory that already holds
+    metrics, a resume with another config, and a resume that could not be bitwise.
+    """
+    if cfg.checkpoint.every < 0:
+        raise ConfigError(
+            f"checkpoint.every={cfg.checkpoint.every} must be >= 0 (0: only at "
+            "the end and on a stop signal)."
+        )
+    run_dir = Path(run_dir)
+    path = run_dir / CHECKPOINT_FILE
+    in_submitit = bool(os.environ.get("SUBMITIT_EXECUTOR"))
+    maybe_resume = cfg.resume or in_submitit or requeued_by_slurm()
+    load = maybe_resume and path.exists()  # tensors land on the CPU, then copy to the device
+    state = torch.load(path, map_location="cpu", weights_only=True) if load else None
+    restarted = requeued_by_slurm() or (in_submitit and state is not None and state["requeue"])
+    if not (cfg.resume or restarted):
+        metrics = run_dir / METRICS_FILE
+        if metrics.exists() and metrics.stat().st_size:
+            raise ConfigError(
+                f"{run_dir} already holds {METRICS_FILE}: pass resume=true to continue that "
+                "run, or choose another hydra.run.dir."
+            )
+        path.unlink(missing_ok=True)  # a stale checkpoint must never meet these new metrics
+        return Resume()
+    if state is None:
+        print(f"zkl: no {CHECKPOINT_FILE} in {run_dir}: starting from step 0", file=sys.stderr)
+        for name in (METRICS_FILE, TOKENS_FILE):
+            _truncate_jsonl(run_dir / name, 0)
+        return Resume()
+    if state["format"] != FORMAT:
+        raise ConfigError(f"{path} has checkpoint format {state['format']}, not {FORMAT}.")
+    _check_same_config(cfg, state["config"])
+    _check_engine_state_free(cfg)
+    step = state["step"]
+    logged = _truncate_jsonl(run_dir / METRICS_FILE, step)
+    _truncate_jsonl(run_dir / TOKENS_FILE, step)
+    if logged != list(range(step)):
+        raise RuntimeError(f"{run_dir / METRICS_FILE} lacks steps of the checkpoint at {step}")
+    print(f"zkl: resuming {run_dir} from step {step}", file=sys.stderr)
+    return Resume(step, state, state["wandb_id"])
+
+
+def save(run_dir: str | Path, cfg: ZklConfig, policy, next_step: int, log, requeue: bool) -> None:
+    """Write the state before `next_step` atomically: a temporary file, fsync, rename."""
+    rng = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
+    }
+    state = {
+        "format": FORMAT,
+        "step": next_step,
+        "policy": policy.state_dict(),
+        "rng": rng,
+        "wandb_id": log.wandb_id,
+        "config": config_dict(cfg),
+        "requeue": requeue,
+    }
+    path = Path(run_dir) / CHECKPOINT_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class StopSignals:
+    """Holds SIGTERM and the preemption signal until `act()` at a step boundary."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():  # handlers live there only
+            for sig in {signal.SIGTERM, preempt_signal()}:
+                self.previous[sig] = signal.signal(sig, self._note)
+        return self
+
+    def _note(self, signum: int, frame: Any) -> None:
+        self.received.append(signum)
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        self.previous = {}
+
+    @property
+    def preempted(self) -> bool:
+        return preempt_signal() in self.received
+
+    def act(self) -> None:
+        """Hand the signal to its earlier handler (submitit's requeues), else exit."""
+        sig = preempt_signal() if self.preempted else self.received[0]
+        handler = self.previous.get(sig)
+        self.__exit__()
+        if callable(handler):
+            handler(sig, None)
+        raise SystemExit(128 + sig)
+
+
+class Saver:
+    """Saves every `checkpoint.every` steps, after the last step and when a stop signal came."""
+
+    def __init__(self, cfg: ZklConfig, run_dir: str | Path, policy, log):
+        self.cfg, self.run_dir, self.policy, self.log = cfg, run_dir, policy, log
+        self.signals = StopSignals()
+
+    def __enter__(self) -> Saver:
+        self.signals.__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.signals.__exit__()
+        if self.signals.received and exc_type is not None and issubclass(exc_type, Exception):
+            # The run was being stopped (Slurm signals every process of the job, and the
+            # generator's or W&B's may die first): exit as stopped, not as failed, so that
+            # a requeued job is not reported failed. The last checkpoint stands.
+            print(f"zkl: stopping; the step in flight failed: {exc!r}", file=sys.stderr)
+            raise SystemExit(128 + self.signals.received[0]) from exc
+
+    def after_step(self, step: int) -> None:
+        """Call once the step is logged: save if it is time, then act on a stop signal."""
+        every, last = self.cfg.checkpoint.every, step + 1 == self.cfg.rl.steps
+        stop = bool(self.signals.received) and not last
+        if last or stop or (every and (step + 1) % every == 0):
+            requeue = stop and self.signals.preempted
+            save(self.run_dir, self.cfg, self.policy, step + 1, self.log, requeue)
+        if stop:
+            self.signals.act()

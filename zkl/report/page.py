@@ -1,0 +1,165 @@
+"""The static HTML page: plotly figures (their JavaScript inlined, so it opens offline) and tables.
+
+gen_kl_error spans many decades and is often exactly 0, which a log axis cannot show. Every
+figure here has two panels on one x axis: a log-scale panel for the positive values and,
+below it, a strip labelled "exactly 0" where each series' zero points sit on their own row.
+No value is ever dropped.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from pathlib import Path
+
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+from plotly.offline import get_plotlyjs
+from plotly.subplots import make_subplots
+
+from zkl.report.runs import KL, Run, Sources, axis_value, sweep_axes
+from zkl.report.tables import ablation, all_tables, ordered
+
+PALETTE = qualitative.Dark24
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 24px; color: #222; }
+table { border-collapse: collapse; margin: 8px 0 4px; font-size: 13px; }
+th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: left; }
+th { background: #f2f2f2; }
+td[data-value] { text-align: right; font-variant-numeric: tabular-nums; }
+.note { color: #555; font-size: 13px; margin: 2px 0 16px; }
+td:last-child { max-width: 300px; }
+"""
+
+Series = tuple[str, Sequence, Sequence[float]]  # (name, x values, y values)
+
+
+def zero_band_figure(
+    title: str, series: list[Series], x_title: str, y_title: str, mode: str = "lines+markers"
+) -> go.Figure:
+    """Positive values on a log axis; exact zeros on their own row in an "exactly 0" strip."""
+    rows = max(len(series), 1)
+    band = min(0.45, 0.06 + 0.025 * rows)
+    fig = make_subplots(
+        rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.03, row_heights=[1 - band, band]
+    )
+    positive_seen = False
+    for i, (name, xs, ys) in enumerate(series):
+        color = PALETTE[i % len(PALETTE)]
+        top = [y if (isinstance(y, float | int) and y > 0) else None for y in ys]
+        positive_seen |= any(y is not None for y in top)
+        zero_x = [x for x, y in zip(xs, ys) if y == 0]
+        fig.add_trace(
+            go.Scatter(
+                x=list(xs),
+                y=top,
+                name=name,
+                legendgroup=name,
+                mode=mode,
+                line={"color": color},
+                marker={"size": 6},
+                connectgaps=False,
+                hovertemplate=f"{html.escape(name)}<br>%{{x}}: %{{y:.3g}}<extra></extra>",
+            ),
+            row=1,
+            col=1,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=zero_x,
+                y=[i] * len(zero_x),
+                name=name,
+                legendgroup=name,
+                showlegend=False,
+                mode="markers",
+                marker={"color": color, "size": 7, "symbol": "square"},
+                hovertemplate=f"{html.escape(name)}<br>%{{x}}: exactly 0<extra></extra>",
+            ),
+            row=2,
+            col=1,
+        )
+    fig.update_yaxes(type="log", title_text=y_title, exponentformat="power", row=1, col=1)
+    if not positive_seen:  # an empty log axis still needs a sensible range
+        fig.update_yaxes(range=[-12, -2], row=1, col=1)
+    fig.update_yaxes(
+        range=[-0.7, rows - 0.3],
+        tickvals=[(rows - 1) / 2],
+        ticktext=["exactly 0"],
+        showgrid=False,
+        zeroline=False,
+        row=2,
+        col=1,
+    )
+    fig.update_xaxes(title_text=x_title, row=2, col=1)
+    xs_all = [x for _, xs, _ in series for x in xs]
+    if all(isinstance(x, int) for x in xs_all):  # whole steps: no tick at step 0.2
+        fig.update_xaxes(dtick=max(1, (max(xs_all, default=0) - min(xs_all, default=0)) // 10))
+    else:  # names (the ablation's fixes), in the order given, on both panels
+        order = list(dict.fromkeys(xs_all))
+        fig.update_xaxes(type="category", categoryorder="array", categoryarray=order)
+    fig.update_layout(
+        title=title,
+        height=420 + 14 * rows,
+        template="plotly_white",
+        legend={"font": {"size": 11}},
+        margin={"l": 70, "r": 20, "t": 50, "b": 50},
+    )
+    return fig
+
+
+def kl_figure(sources: Sources) -> go.Figure:
+    axes = sweep_axes(sources.runs)
+    runs = ordered([r for r in sources.runs if r.rows], axes)
+    series = [(_label(r, axes), [row["step"] for row in r.rows], r.series(KL)) for r in runs]
+    return zero_band_figure("gen_kl_error per step, every run", series, "step", "gen_kl_error")
+
+
+def _label(run: Run, axes: list[str]) -> str:
+    """The run's directory and its values on the sweep's axes: `3 bf16/persist`."""
+    values = "/".join(axis_value(run, a) for a in axes)
+    return f"{run.name} {values}" if values else run.name
+
+
+def ablation_figure(data: dict[str, dict[str, float]]) -> go.Figure:
+    series = [(group, list(values), list(values.values())) for group, values in data.items()]
+    return zero_band_figure(
+        "What each fix contributes: max gen_kl_error with that fix off",
+        series,
+        "fix turned off",
+        "max gen_kl_error",
+        mode="markers",
+    )
+
+
+def _figure_html(fig: go.Figure, div_id: str) -> str:
+    return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id)
+
+
+def render(sources: Sources, title: str, source_paths: list[str]) -> str:
+    """The whole page as one HTML string; plotly's JavaScript is inlined once."""
+    parts = [f"<h1>{html.escape(title)}</h1>"]
+    listed = ", ".join(html.escape(p) for p in source_paths)
+    parts.append(
+        f"<p class='note'>{len(sources.runs)} runs from {listed}; metrics.jsonl is the source.</p>"
+    )
+    if any(r.rows for r in sources.runs):
+        parts.append(_figure_html(kl_figure(sources), "kl-per-step"))
+    data = ablation(sources.runs)
+    for table_id, table in all_tables(sources):
+        parts.append(f"<h2>{html.escape(table.title)}</h2>")
+        if table_id == "ablation" and data:
+            parts.append(_figure_html(ablation_figure(data), "ablation-chart"))
+        parts.append(table.to_html(table_id))
+    body = "\n".join(parts)
+    return (
+        "<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
+        f"<title>{html.escape(title)}</title><style>{STYLE}</style>"
+        f"<script>{get_plotlyjs()}</script></head>\n<body>\n{body}\n</body></html>\n"
+    )
+
+
+def write(path: str | Path, page: str) -> None:
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(page)
+    tmp.replace(path)

@@ -1,0 +1,189 @@
+"""The report's tables, built once and rendered both as HTML and as Markdown (a PR comment).
+
+Each numeric cell keeps its exact value beside its printed form, so the HTML table can be
+checked against the runs' files to the last bit (`data-value` holds `repr(value)`).
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import Any
+
+from zkl.invariance import FIXES
+from zkl.report.runs import Run, Sources, axis_value, summary, sweep_axes
+
+RUN_COLUMNS = [
+    ("steps", "steps"),
+    ("kl_final", "gen_kl_error final"),
+    ("kl_mean", "gen_kl_error mean"),
+    ("kl_max", "gen_kl_error max"),
+    ("zero_steps", "steps exactly 0"),
+    ("max_abs_diff", "max |lp diff|"),
+    ("bitwise_min", "min bitwise frac"),
+    ("reward_final", "reward final"),
+]
+
+
+def fmt(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return "0" if value == 0.0 else f"{value:.4g}"
+    return str(value)
+
+
+@dataclass
+class Cell:
+    text: str
+    value: Any = None  # the exact number behind `text`, when there is one
+
+
+def cell(value: Any) -> Cell:
+    return Cell(fmt(value), value if isinstance(value, int | float) else None)
+
+
+@dataclass
+class Table:
+    title: str
+    headers: list[str]
+    rows: list[list[Cell]] = field(default_factory=list)
+    note: str = ""
+
+    def to_html(self, table_id: str) -> str:
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in self.headers)
+        body = []
+        for row in self.rows:
+            cells = []
+            for c in row:
+                attr = f' data-value="{c.value!r}"' if c.value is not None else ""
+                cells.append(f"<td{attr}>{html.escape(c.text)}</td>")
+            body.append("<tr>" + "".join(cells) + "</tr>")
+        note = f"<p class='note'>{html.escape(self.note)}</p>" if self.note else ""
+        return (
+            f"<table id='{table_id}'><thead><tr>{head}</tr></thead>"
+            f"<tbody>{''.join(body)}</tbody></table>{note}"
+        )
+
+    def to_markdown(self) -> str:
+        def esc(text: str) -> str:
+            return text.replace("|", "\\|").replace("\n", " ")
+
+        lines = [f"### {self.title}", ""]
+        lines.append("| " + " | ".join(map(esc, self.headers)) + " |")
+        lines.append("|" + "---|" * len(self.headers))
+        lines += ["| " + " | ".join(esc(c.text) for c in row) + " |" for row in self.rows]
+        if self.note:
+            lines += ["", self.note]
+        return "\n".join(lines)
+
+
+def ordered(runs: list[Run], axes: list[str]) -> list[Run]:
+    """Runs grouped by the sweep's axes (sorted by their values, then by name)."""
+    return sorted(runs, key=lambda r: ([axis_value(r, a) for a in axes], r.name))
+
+
+def runs_table(runs: list[Run]) -> Table:
+    axes = sweep_axes(runs)
+    headers = ["run", *axes, "status", *(title for _, title in RUN_COLUMNS), "error"]
+    table = Table("Runs", headers)
+    for run in ordered(runs, axes):
+        s = summary(run)
+        row = [Cell(run.name), *(Cell(axis_value(run, a)) for a in axes), Cell(run.status)]
+        row += [cell(s[key]) for key, _ in RUN_COLUMNS]
+        row.append(Cell(run.error or ""))
+        table.rows.append(row)
+    zero = sum(1 for r in runs if r.rows and summary(r)["kl_max"] == 0.0)
+    table.note = f"{zero} of {len(runs)} runs have gen_kl_error exactly 0 at every step."
+    return table
+
+
+def failed_table(runs: list[Run]) -> Table | None:
+    bad = [r for r in runs if r.status != "complete"]
+    if not bad:
+        return None
+    table = Table("Failed or incomplete runs", ["run", "status", "steps logged", "error"])
+    for r in bad:
+        error = r.error or "no error recorded (killed or still running: see the launcher's logs)"
+        table.rows.append([Cell(r.name), Cell(r.status), cell(len(r.rows)), Cell(error)])
+    return table
+
+
+def ablation(runs: list[Run]) -> dict[str, dict[str, float]] | None:
+    """{group: {fix off ('none' for all on): max gen_kl_error}} when the runs ablate fixes."""
+    single = {"all on": "none", **{f"-{name}": name for name in FIXES}}
+    runs = [r for r in runs if r.fixes in single and r.rows]
+    if len({r.fixes for r in runs}) < 2:
+        return None
+    others = [a for a in sweep_axes(runs) if a != "fixes"]
+    out: dict[str, dict[str, float]] = {}
+    for r in ordered(runs, others):
+        group = ", ".join(f"{a}={axis_value(r, a)}" for a in others) or "all runs"
+        out.setdefault(group, {})[single[r.fixes]] = summary(r)["kl_max"]
+    out = {group: values for group, values in out.items() if len(values) > 1}
+    return out or None
+
+
+def ablation_table(data: dict[str, dict[str, float]]) -> Table:
+    groups = list(data)
+    fixes = [f for f in ["none", *FIXES] if any(f in d for d in data.values())]
+    table = Table("Fix ablation: max gen_kl_error with one fix off", ["fix off", *groups])
+    for fix in fixes:
+        table.rows.append([Cell(fix), *(cell(data[g].get(fix)) for g in groups)])
+    table.note = "A fix whose row is exactly 0 has no effect on this bed on this machine."
+    return table
+
+
+def bench_table(bench: list[tuple[str, dict[str, Any]]]) -> Table | None:
+    if not bench:
+        return None
+    keys = [
+        ("threads", "threads"),
+        ("zero/gen_tokens_per_s", "gen tok/s zero"),
+        ("default/gen_tokens_per_s", "gen tok/s default"),
+        ("ratio/gen_zero_over_default", "gen zero/default"),
+        ("zero/score_tokens_per_s", "score tok/s zero"),
+        ("default/score_tokens_per_s", "score tok/s default"),
+        ("ratio/score_zero_over_default", "score zero/default"),
+    ]
+    table = Table("Throughput (python -m zkl.bench)", ["run", *(t for _, t in keys)])
+    for name, result in bench:
+        table.rows.append([Cell(name), *(cell(result.get(k)) for k, _ in keys)])
+    return table
+
+
+def cert_table(cert: list[tuple[str, list[dict[str, Any]]]]) -> Table | None:
+    if not cert:
+        return None
+    headers = ["run", "bed", "variant", "steps", "tokens", "max |lp diff|", "gen_kl_error"]
+    table = Table("Certification (python -m zkl.cert)", [*headers, "passed"])
+    for name, results in cert:
+        for r in results:
+            row = [Cell(name), Cell(r["bed"]), Cell(r["variant"]), cell(r["steps"])]
+            row += [cell(r["tokens"]), cell(r["train/max_abs_logprob_diff"])]
+            row += [cell(r["train/gen_kl_error"]), Cell("yes" if r["passed"] else "no")]
+            table.rows.append(row)
+    return table
+
+
+def all_tables(sources: Sources) -> list[tuple[str, Table]]:
+    """(id, table) of every table the report shows, in page order."""
+    out = [("runs", runs_table(sources.runs))] if sources.runs else []
+    failed = failed_table(sources.runs)
+    if failed:
+        out.append(("failed", failed))
+    data = ablation(sources.runs)
+    if data:
+        out.append(("ablation", ablation_table(data)))
+    for table_id, table in (
+        ("bench", bench_table(sources.bench)),
+        ("cert", cert_table(sources.cert)),
+    ):
+        if table:
+            out.append((table_id, table))
+    return out
+
+
+def markdown(sources: Sources, title: str) -> str:
+    parts = [f"## {title}"] + [t.to_markdown() for _, t in all_tables(sources)]
+    return "\n\n".join(parts) + "\n"

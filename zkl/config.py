@@ -160,15 +160,18 @@ class ZklConfig:
     num_threads: int = 0  # 0: torch's default; the dedicated generator uses the same number
 
 
-def layout_gpus(layout: str) -> int:
-    """GPUs a run of `layout` needs on a GPU device: the trainer's, plus the generator's."""
-    return 2 if layout == "dedicated" else 1
+def layout_gpus(layout: str, backend: str = "auto") -> int:
+    """GPUs a run needs on a GPU device: one, or two for a generator on its own GPU (nccl).
+
+    A dedicated generator with the default backend shares the trainer's GPU (CUDA IPC).
+    """
+    return 2 if layout == "dedicated" and backend == "nccl" else 1
 
 
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="zkl_schema", node=ZklConfig)
-    # conf/hydra/launcher/slurm_gpu.yaml asks Slurm for ${zkl_gpus:${layout.name}} GPUs.
+    # conf/hydra/launcher/slurm_gpu.yaml asks Slurm for ${zkl_gpus:${layout.name},${layout.backend}} GPUs.
     OmegaConf.register_new_resolver("zkl_gpus", layout_gpus, replace=True)
 
 

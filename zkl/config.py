@@ -128,6 +128,7 @@ class FixesConfig:
     attention_fixed_split: bool | None = None
     logprob_path: bool | None = None
     moe_combine_order: bool | None = None
+    mamba_chunked_decode: bool | None = None
     kv_invalidate_on_refit: bool | None = None
     refit_exactness: bool | None = None
     quantized_weight_refresh: bool | None = None

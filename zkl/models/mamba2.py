@@ -1,0 +1,218 @@
+"""Mamba2 mixer (Nemotron-H's): in-projection, causal depthwise conv, SSD scan, gated norm.
+
+The SSD scan cuts the sequence into chunks at absolute positions that are multiples of
+`chunk_size`, so the train forward of prompt+response and the prefill of the prompt cut at
+the same places. Every reduction is an elementwise product followed by `ordered_sum` (a
+fixed pairwise tree) over a dimension whose size is fixed by the config, so a row's result
+never depends on the batch, the number of chunks or the rows computed beside it.
+
+On the gen path the cache holds, per slot, the conv inputs of the last `conv_kernel - 1`
+positions and an fp32 SSM state. With `mamba_chunked_decode` the state is the one at the
+last chunk boundary and the cache also buffers the current partial chunk; prefill and
+decode both run the chunk scan over (buffer + new tokens) from that state, so decode makes
+the same bits as training and the state is committed when a chunk fills. With the fix off,
+the state is the running state and decode is the ordinary one-step recurrence.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from zkl import ops
+from zkl.invariance import is_enabled
+from zkl.models.config import ModelConfig
+from zkl.ops.invariant import ordered_sum
+
+
+def chunk_scan(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    A: torch.Tensor,
+    h0: torch.Tensor,
+    chunk: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SSD over whole chunks, fp32: y [b, n*Q, H, P] and the states at every boundary.
+
+    x [b, n*Q, H, P], dt [b, n*Q, H] (0 on padding), B, C [b, n*Q, H, N], A [H],
+    h0 [b, H, P, N] the state at the first boundary. Returns states [b, n+1, H, P, N].
+    """
+    b, length, H, P = x.shape
+    n = length // chunk
+    xc = x.view(b, n, chunk, H, P)
+    Bc = B.view(b, n, chunk, H, -1)
+    Cc = C.view(b, n, chunk, H, -1)
+    a = (dt * A).view(b, n, chunk, H)
+    cums = [a[:, :, 0]]
+    for i in range(1, chunk):  # cumulative log-decay, added in position order
+        cums.append(cums[-1] + a[:, :, i])
+    cum = torch.stack(cums, dim=2)  # [b, n, Q, H]
+    xdt = xc * dt.view(b, n, chunk, H, 1)
+    # intra-chunk (diagonal blocks): y[l] = sum_{s<=l} (C[l].B[s]) exp(cum[l]-cum[s]) x[s]dt[s]
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=x.device).tril()
+    decay = torch.exp(cum.unsqueeze(3) - cum.unsqueeze(2))  # [b, n, l, s, H]
+    decay = torch.where(causal[:, :, None], decay, torch.zeros_like(decay))
+    scores = ordered_sum(Cc.unsqueeze(3) * Bc.unsqueeze(2)) * decay  # [b, n, l, s, H]
+    y_diag = ordered_sum(scores.unsqueeze(-1) * xdt.unsqueeze(2), dim=3)  # [b, n, l, H, P]
+    # each chunk's own contribution to the state at its end
+    to_end = torch.exp(cum[:, :, -1:] - cum)  # [b, n, Q, H]
+    own = ordered_sum(
+        (Bc * to_end.unsqueeze(-1)).unsqueeze(-2) * xdt.unsqueeze(-1), dim=2
+    )  # [b, n, H, P, N]
+    states = [h0]
+    for c in range(n):  # inter-chunk recurrence, one boundary at a time
+        states.append(torch.exp(cum[:, c, -1])[..., None, None] * states[-1] + own[:, c])
+    states = torch.stack(states, dim=1)  # [b, n+1, H, P, N]
+    # the state entering each chunk, read out by C and decayed to the position
+    y_off = ordered_sum(Cc.unsqueeze(-2) * states[:, :n].unsqueeze(2)) * torch.exp(cum)[..., None]
+    return (y_diag + y_off).reshape(b, length, H, P), states
+
+
+class GatedRMSNorm(nn.Module):
+    """RMSNorm over groups of the channels of y * silu(gate), fp32 (HF's MambaRMSNormGated)."""
+
+    def __init__(self, dim: int, group_size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.group_size = group_size
+        self.eps = eps
+
+    def forward(self, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        g = y.float() * F.silu(gate.float())
+        groups = g.shape[-1] // self.group_size
+        g = g.view(*g.shape[:-1], groups, self.group_size)
+        out = ops.rms_norm(g, self.weight.float().view(groups, self.group_size), self.eps)
+        return out.reshape(*y.shape)
+
+
+class Mamba2Mixer(nn.Module):
+    def __init__(self, cfg: ModelConfig, index: int, linear_cls):
+        super().__init__()
+        self.index = index  # this layer's row in the cache's Mamba buffers
+        self.num_heads = cfg.mamba_num_heads
+        self.head_dim = cfg.mamba_head_dim
+        self.n_groups = cfg.n_groups
+        self.state_size = cfg.ssm_state_size
+        self.chunk = cfg.chunk_size
+        self.kernel = cfg.conv_kernel
+        self.dt_min = cfg.time_step_min
+        self.inner = self.num_heads * self.head_dim
+        self.conv_dim = self.inner + 2 * self.n_groups * self.state_size
+        bias = cfg.mamba_proj_bias
+        projected = self.inner + self.conv_dim + self.num_heads  # gate, x B C, dt
+        self.in_proj = linear_cls(cfg.hidden_size, projected, bias)
+        self.conv1d = nn.Conv1d(
+            self.conv_dim, self.conv_dim, self.kernel, groups=self.conv_dim, bias=cfg.use_conv_bias
+        )
+        self.dt_bias = nn.Parameter(torch.ones(self.num_heads))
+        self.A_log = nn.Parameter(torch.zeros(self.num_heads))
+        self.D = nn.Parameter(torch.ones(self.num_heads))
+        self.norm = GatedRMSNorm(self.inner, self.inner // self.n_groups, cfg.rms_norm_eps)
+        self.out_proj = linear_cls(self.inner, cfg.hidden_size, bias)
+
+    def conv(self, xbc: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
+        """Causal depthwise conv + silu: xbc [b, T, Cd] after history [b, K-1, Cd] -> [b, T, Cd].
+
+        fp32, taps added in a fixed order, so a position's value never depends on T.
+        """
+        seq = torch.cat([history, xbc], dim=1).float()
+        weight = self.conv1d.weight.float()[:, 0]  # [Cd, K]
+        length = xbc.shape[1]
+        out = seq[:, 0:length] * weight[:, 0]
+        for k in range(1, self.kernel):
+            out = out + seq[:, k : k + length] * weight[:, k]
+        if self.conv1d.bias is not None:
+            out = out + self.conv1d.bias.float()
+        return F.silu(out).to(xbc.dtype)
+
+    def split(self, xbc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Post-conv channels [b, T, Cd] -> x [b, T, H, P], B, C [b, T, H, N] in fp32."""
+        b, length, _ = xbc.shape
+        g_n = self.n_groups * self.state_size
+        x, B, C = xbc.float().split([self.inner, g_n, g_n], dim=-1)
+        reps = self.num_heads // self.n_groups
+        B = B.view(b, length, self.n_groups, -1).repeat_interleave(reps, dim=2)
+        C = C.view(b, length, self.n_groups, -1).repeat_interleave(reps, dim=2)
+        return x.view(b, length, self.num_heads, self.head_dim), B, C
+
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, cache=None, slots=None):
+        """hidden [b, T, D], positions [b, T] (consecutive per row, every token real)."""
+        batch, length, _ = hidden.shape
+        gate, xbc, dt = self.in_proj(hidden).split(
+            [self.inner, self.conv_dim, self.num_heads], dim=-1
+        )
+        dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(min=self.dt_min)  # [b, T, H]
+        A = -torch.exp(self.A_log.float())
+        if cache is None:
+            history = xbc.new_zeros(batch, self.kernel - 1, self.conv_dim)
+        else:
+            history = cache.conv[self.index, slots]
+            cache.conv[self.index, slots] = torch.cat([history, xbc], dim=1)[:, length:]
+        xbc = self.conv(xbc, history)
+        if cache is not None and not is_enabled("mamba_chunked_decode") and length == 1:
+            y = self.step(xbc, dt, A, cache, slots)
+        else:
+            y = self.scan(xbc, dt, A, positions, cache, slots)
+        x = self.split(xbc)[0]
+        y = y + self.D.float()[:, None] * x  # [b, T, H, P]
+        y = self.norm(y.reshape(batch, length, self.inner), gate)
+        return self.out_proj(y.to(hidden.dtype))
+
+    def step(self, xbc, dt, A, cache, slots) -> torch.Tensor:
+        """The ordinary one-step recurrence h = exp(dt A) h + dt B x, y = C h (fix off)."""
+        x, B, C = (t[:, 0] for t in self.split(xbc))  # [b, H, P], [b, H, N]
+        dt = dt[:, 0]  # [b, H]
+        h = cache.ssm[self.index, slots]  # [b, H, P, N]
+        h = (
+            torch.exp(dt * A)[..., None, None] * h
+            + (x * dt[..., None]).unsqueeze(-1) * B[:, :, None]
+        )
+        cache.ssm[self.index, slots] = h
+        return torch.einsum("bhpn,bhn->bhp", h, C).unsqueeze(1)
+
+    def scan(self, xbc, dt, A, positions, cache, slots) -> torch.Tensor:
+        """Chunk scan over (buffered partial chunk + these tokens) from the boundary state."""
+        batch, length, _ = xbc.shape
+        Q = self.chunk
+        device = xbc.device
+        chunked = cache is not None and is_enabled("mamba_chunked_decode")
+        if chunked:  # rows resume mid-chunk: r tokens of the chunk are buffered
+            start = positions[:, 0] % Q  # [b]
+            width = int(start.max().item()) + length
+        else:  # train path (from position 0), or fix off: a fresh chunk from the state
+            start = torch.zeros(batch, dtype=torch.long, device=device)
+            width = length
+        n = -(-width // Q)
+        seq = xbc.new_zeros(batch, (n + 1) * Q, self.conv_dim)
+        seq_dt = dt.new_zeros(batch, (n + 1) * Q, self.num_heads)
+        if chunked:
+            kept = (torch.arange(Q, device=device) < start[:, None]).unsqueeze(-1)
+            buf = cache.buf_xbc[self.index, slots]
+            seq[:, :Q] = torch.where(kept, buf, torch.zeros_like(buf))
+            buf_dt = cache.buf_dt[self.index, slots]
+            seq_dt[:, :Q] = torch.where(kept, buf_dt, torch.zeros_like(buf_dt))
+        rows = torch.arange(batch, device=device)[:, None]
+        cols = start[:, None] + torch.arange(length, device=device)  # [b, T]
+        seq[rows, cols] = xbc
+        seq_dt[rows, cols] = dt
+        if cache is None:
+            shape = (batch, self.num_heads, self.head_dim, self.state_size)
+            h0 = torch.zeros(shape, device=device)
+        else:
+            h0 = cache.ssm[self.index, slots]
+        x, B, C = self.split(seq[:, : n * Q])
+        y, states = chunk_scan(x, seq_dt[:, : n * Q], B, C, A, h0, Q)
+        if cache is not None:
+            end = start + length  # [b]
+            if chunked:  # commit the last filled boundary; buffer the partial chunk after it
+                filled = end // Q
+                cache.ssm[self.index, slots] = states[rows[:, 0], filled]
+                tail = filled[:, None] * Q + torch.arange(Q, device=device)
+                cache.buf_xbc[self.index, slots] = seq[rows, tail]
+                cache.buf_dt[self.index, slots] = seq_dt[rows, tail]
+            else:  # padding has dt = 0, so the last state is the state after the last token
+                cache.ssm[self.index, slots] = states[:, n]
+        return y[rows, cols]  # [b, T, H, P]

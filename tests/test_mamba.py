@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import SMALL, make_cfg
 
-from tests.conftest import make_cfg
 from zkl import invariance
 from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.sampling import SamplingParams
 from zkl.models import build_model
 from zkl.models.mamba2 import chunk_scan
+from zkl.rl.loop import run
 from zkl.scoring import score
 
 ALL = invariance.FIXES
@@ -96,6 +97,16 @@ def test_persist_prefix_hit_restores_mamba_state():
     assert engine.stats.prefix_hit_tokens == 3 * 32  # lcm(16, chunk 8) = 16: two blocks
     for a, b in zip(first, second):
         assert a.tokens == b.tokens and torch.equal(a.logprobs, b.logprobs)
+
+
+def test_grpo_hybrid_zero_every_step_and_mamba_fix_attributed(tmp_path):
+    """Short GRPO on tiny_hybrid (persist kv, refits): zero every step; the fix off alone: not."""
+    common = ["model=tiny_hybrid", "kv=persist", "rl.steps=3", *SMALL]
+    zero = run(make_cfg(*common), tmp_path / "zero")
+    assert all(r["train/max_abs_logprob_diff"] == 0.0 for r in zero)
+    assert all(r["optim/update_norm"] > 0 for r in zero)
+    off = run(make_cfg(*common, "fixes.mamba_chunked_decode=false"), tmp_path / "off")
+    assert all(r["train/gen_kl_error"] > 0 for r in off)
 
 
 @pytest.mark.gpu

@@ -113,7 +113,7 @@ class TrackingConfig:
 class CertConfig:
     steps: int = 0  # 0: step-0 certification; N: N real GRPO steps per bed
     ablate: bool = False
-    models: list[str] = field(default_factory=lambda: ["tiny_dense", "tiny_moe"])
+    models: list[str] = field(default_factory=lambda: ["tiny_dense", "tiny_moe", "tiny_hybrid"])
     precisions: list[str] = field(default_factory=lambda: ["bf16", "mxfp8"])
     layouts: list[str] = field(default_factory=lambda: ["colocated"])
     kv: list[str] = field(default_factory=lambda: ["recompute", "persist"])

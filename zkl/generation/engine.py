@@ -13,6 +13,7 @@ what a fast engine reports: the logprob of the processed logits in the model dty
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -50,6 +51,7 @@ class EngineStats:
     prefill_tokens: int = 0
     prefix_hit_tokens: int = 0
     generated_tokens: int = 0
+    decode_s: float = 0.0  # wall time of decode steps, up to the host's look at finished rows
 
 
 class SlotState:
@@ -177,10 +179,12 @@ class GenerationEngine:
                     running.update(admitted)
                     self._retire(state, running, free, done)
                 if running:
+                    t0 = time.perf_counter()
                     rows = torch.tensor(list(running), device=device)
                     for _ in range(self.sync_every):
                         self._decode(cache, state, rows)
-                    self._retire(state, running, free, done)
+                    self._retire(state, running, free, done)  # reads the device: a sync
+                    self.stats.decode_s += time.perf_counter() - t0
         return [done[r.request_id] for r in requests]
 
     def _retire(self, state: SlotState, running: dict, free: list[int], done: dict) -> None:

@@ -106,7 +106,7 @@ def test_grpo_hybrid_zero_every_step_and_mamba_fix_attributed(tmp_path):
     assert all(r["train/max_abs_logprob_diff"] == 0.0 for r in zero)
     assert all(r["optim/update_norm"] > 0 for r in zero)
     off = run(make_cfg(*common, "fixes.mamba_chunked_decode=false"), tmp_path / "off")
-    assert all(r["train/gen_kl_error"] > 0 for r in off)
+    assert any(r["train/max_abs_logprob_diff"] > 0 for r in off)
 
 
 @pytest.mark.gpu

@@ -26,6 +26,48 @@ from zkl.models.config import ModelConfig
 from zkl.ops.invariant import ordered_sum
 
 
+def _cumulative(a: torch.Tensor) -> torch.Tensor:
+    """a [b, n, Q, H] -> running sums over Q, added in position order."""
+    sums = [a[:, :, 0]]
+    for i in range(1, a.shape[2]):
+        sums.append(sums[-1] + a[:, :, i])
+    return torch.stack(sums, dim=2)
+
+
+def _intra(C_rows, cum_rows, visible, B, cum, xdt) -> torch.Tensor:
+    """Diagonal block: y[l] = sum_{s<=l} (C[l].B[s]) exp(cum[l]-cum[s]) x[s]dt[s].
+
+    C_rows [b, n, l, H, N] and cum_rows [b, n, l, H] are the rows wanted (all of the chunk
+    on the train path, one on decode); visible broadcasts to [b, n, l, s, H]. Every value
+    is elementwise or a fixed tree over s / N, so a row's bits do not depend on which other
+    rows are computed.
+    """
+    decay = torch.exp(cum_rows.unsqueeze(3) - cum.unsqueeze(2))  # [b, n, l, s, H]
+    decay = torch.where(visible, decay, torch.zeros_like(decay))
+    scores = ordered_sum(C_rows.unsqueeze(3) * B.unsqueeze(2)) * decay  # [b, n, l, s, H]
+    return ordered_sum(scores.unsqueeze(-1) * xdt.unsqueeze(2), dim=3)  # [b, n, l, H, P]
+
+
+def _off(C_rows, cum_rows, start) -> torch.Tensor:
+    """The state entering the chunk [b, n, H, P, N], read out by C and decayed to each row."""
+    return ordered_sum(C_rows.unsqueeze(-2) * start.unsqueeze(2)) * torch.exp(cum_rows)[..., None]
+
+
+def _commit(h, B, cum, xdt) -> torch.Tensor:
+    """The state at a full chunk's end from the state h [b, H, P, N] at its start."""
+    to_end = torch.exp(cum[:, :, -1:] - cum)  # [b, 1, Q, H]
+    own = ordered_sum((B * to_end.unsqueeze(-1)).unsqueeze(-2) * xdt.unsqueeze(-1), dim=2)
+    return torch.exp(cum[:, 0, -1])[..., None, None] * h + own[:, 0]
+
+
+def _chunks(x, dt, B, C, A, chunk):
+    b, length, H, P = x.shape
+    n = length // chunk
+    cum = _cumulative((dt * A).view(b, n, chunk, H))  # [b, n, Q, H]
+    xdt = x.view(b, n, chunk, H, P) * dt.view(b, n, chunk, H, 1)
+    return cum, xdt, B.view(b, n, chunk, H, -1), C.view(b, n, chunk, H, -1)
+
+
 def chunk_scan(
     x: torch.Tensor,
     dt: torch.Tensor,
@@ -42,33 +84,47 @@ def chunk_scan(
     """
     b, length, H, P = x.shape
     n = length // chunk
-    xc = x.view(b, n, chunk, H, P)
-    Bc = B.view(b, n, chunk, H, -1)
-    Cc = C.view(b, n, chunk, H, -1)
-    a = (dt * A).view(b, n, chunk, H)
-    cums = [a[:, :, 0]]
-    for i in range(1, chunk):  # cumulative log-decay, added in position order
-        cums.append(cums[-1] + a[:, :, i])
-    cum = torch.stack(cums, dim=2)  # [b, n, Q, H]
-    xdt = xc * dt.view(b, n, chunk, H, 1)
-    # intra-chunk (diagonal blocks): y[l] = sum_{s<=l} (C[l].B[s]) exp(cum[l]-cum[s]) x[s]dt[s]
-    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=x.device).tril()
-    decay = torch.exp(cum.unsqueeze(3) - cum.unsqueeze(2))  # [b, n, l, s, H]
-    decay = torch.where(causal[:, :, None], decay, torch.zeros_like(decay))
-    scores = ordered_sum(Cc.unsqueeze(3) * Bc.unsqueeze(2)) * decay  # [b, n, l, s, H]
-    y_diag = ordered_sum(scores.unsqueeze(-1) * xdt.unsqueeze(2), dim=3)  # [b, n, l, H, P]
-    # each chunk's own contribution to the state at its end
-    to_end = torch.exp(cum[:, :, -1:] - cum)  # [b, n, Q, H]
-    own = ordered_sum(
-        (Bc * to_end.unsqueeze(-1)).unsqueeze(-2) * xdt.unsqueeze(-1), dim=2
-    )  # [b, n, H, P, N]
+    cum, xdt, Bc, Cc = _chunks(x, dt, B, C, A, chunk)
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=x.device).tril()[:, :, None]
+    y_diag = _intra(Cc, cum, causal, Bc, cum, xdt)
     states = [h0]
     for c in range(n):  # inter-chunk recurrence, one boundary at a time
-        states.append(torch.exp(cum[:, c, -1])[..., None, None] * states[-1] + own[:, c])
+        part = slice(c, c + 1)
+        states.append(_commit(states[-1], Bc[:, part], cum[:, part], xdt[:, part]))
     states = torch.stack(states, dim=1)  # [b, n+1, H, P, N]
-    # the state entering each chunk, read out by C and decayed to the position
-    y_off = ordered_sum(Cc.unsqueeze(-2) * states[:, :n].unsqueeze(2)) * torch.exp(cum)[..., None]
+    y_off = _off(Cc, cum, states[:, :n])
     return (y_diag + y_off).reshape(b, length, H, P), states
+
+
+def chunk_row(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    A: torch.Tensor,
+    h0: torch.Tensor,
+    row: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode form of `chunk_scan` for one chunk: only row `row` [b] of each batch row.
+
+    The same pieces as the train path on the same values, so the row's bits are the
+    train path's. Returns y [b, H, P] and the state at the chunk's end for the rows whose
+    chunk is full (row == Q-1), else h0.
+    """
+    b, chunk, H, P = x.shape
+    cum, xdt, Bc, Cc = _chunks(x, dt, B, C, A, chunk)
+    pick = torch.arange(b, device=x.device)
+    C_row = Cc[pick, :, row].unsqueeze(2)  # [b, 1, 1, H, N]
+    cum_row = cum[pick, :, row].unsqueeze(2)  # [b, 1, 1, H]
+    visible = torch.arange(chunk, device=x.device) <= row[:, None]  # [b, s]
+    y = _intra(C_row, cum_row, visible[:, None, None, :, None], Bc, cum, xdt)
+    y = y + _off(C_row, cum_row, h0.unsqueeze(1))
+    full = row == chunk - 1
+    h = h0
+    if bool(full.any()):  # commit only the rows whose chunk just filled
+        h = h0.clone()
+        h[full] = _commit(h0[full], Bc[full], cum[full], xdt[full])
+    return y[:, 0, 0], h
 
 
 class GatedRMSNorm(nn.Module):
@@ -152,7 +208,10 @@ class Mamba2Mixer(nn.Module):
             history = cache.conv[self.index, slots]
             cache.conv[self.index, slots] = torch.cat([history, xbc], dim=1)[:, length:]
         xbc = self.conv(xbc, history)
-        if cache is not None and not is_enabled("mamba_chunked_decode") and length == 1:
+        decoding = cache is not None and length == 1
+        if decoding and is_enabled("mamba_chunked_decode"):
+            y = self.chunked_step(xbc, dt, A, positions, cache, slots)
+        elif decoding:
             y = self.step(xbc, dt, A, cache, slots)
         else:
             y = self.scan(xbc, dt, A, positions, cache, slots)
@@ -172,6 +231,25 @@ class Mamba2Mixer(nn.Module):
         )
         cache.ssm[self.index, slots] = h
         return torch.einsum("bhpn,bhn->bhp", h, C).unsqueeze(1)
+
+    def chunked_step(self, xbc, dt, A, positions, cache, slots) -> torch.Tensor:
+        """Fix on, one token a row: buffer it in its chunk, compute its row as training does."""
+        Q = self.chunk
+        row = positions[:, 0] % Q  # [b]
+        pick = torch.arange(row.shape[0], device=row.device)
+        kept = (torch.arange(Q, device=row.device) < row[:, None]).unsqueeze(-1)  # [b, Q, 1]
+        buf = cache.buf_xbc[self.index, slots]
+        buf = torch.where(kept, buf, torch.zeros_like(buf))
+        buf_dt = cache.buf_dt[self.index, slots]
+        buf_dt = torch.where(kept, buf_dt, torch.zeros_like(buf_dt))
+        buf[pick, row] = xbc[:, 0]
+        buf_dt[pick, row] = dt[:, 0]
+        x, B, C = self.split(buf)
+        y, h = chunk_row(x, buf_dt, B, C, A, cache.ssm[self.index, slots], row)
+        cache.ssm[self.index, slots] = h  # changed only where the chunk filled
+        cache.buf_xbc[self.index, slots] = buf
+        cache.buf_dt[self.index, slots] = buf_dt
+        return y.unsqueeze(1)  # [b, 1, H, P]
 
     def scan(self, xbc, dt, A, positions, cache, slots) -> torch.Tensor:
         """Chunk scan over (buffered partial chunk + these tokens) from the boundary state."""

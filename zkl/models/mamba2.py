@@ -23,6 +23,7 @@ from torch import nn
 from zkl import ops
 from zkl.invariance import is_enabled
 from zkl.models.config import ModelConfig
+from zkl.models.transformer import Linear
 from zkl.ops.invariant import ordered_sum
 
 
@@ -145,7 +146,7 @@ class GatedRMSNorm(nn.Module):
 
 
 class Mamba2Mixer(nn.Module):
-    def __init__(self, cfg: ModelConfig, index: int, linear_cls):
+    def __init__(self, cfg: ModelConfig, index: int):
         super().__init__()
         self.index = index  # this layer's row in the cache's Mamba buffers
         self.num_heads = cfg.mamba_num_heads
@@ -159,7 +160,7 @@ class Mamba2Mixer(nn.Module):
         self.conv_dim = self.inner + 2 * self.n_groups * self.state_size
         bias = cfg.mamba_proj_bias
         projected = self.inner + self.conv_dim + self.num_heads  # gate, x B C, dt
-        self.in_proj = linear_cls(cfg.hidden_size, projected, bias)
+        self.in_proj = Linear(cfg.hidden_size, projected, bias)
         self.conv1d = nn.Conv1d(
             self.conv_dim, self.conv_dim, self.kernel, groups=self.conv_dim, bias=cfg.use_conv_bias
         )
@@ -167,7 +168,7 @@ class Mamba2Mixer(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(self.num_heads))
         self.D = nn.Parameter(torch.ones(self.num_heads))
         self.norm = GatedRMSNorm(self.inner, self.inner // self.n_groups, cfg.rms_norm_eps)
-        self.out_proj = linear_cls(self.inner, cfg.hidden_size, bias)
+        self.out_proj = Linear(self.inner, cfg.hidden_size, bias)
 
     def conv(self, xbc: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
         """Causal depthwise conv + silu: xbc [b, T, Cd] after history [b, K-1, Cd] -> [b, T, Cd].

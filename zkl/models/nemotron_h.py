@@ -99,7 +99,7 @@ class HybridLayer(nn.Module):
         self.kind = kind
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if kind == "mamba":
-            self.mixer = Mamba2Mixer(cfg, index, Linear)
+            self.mixer = Mamba2Mixer(cfg, index)
         elif kind == "attention":
             self.mixer = Attention(cfg, index)
         elif kind == "moe":

@@ -64,7 +64,8 @@ register(
 )
 register(
     "mamba_chunked_decode",
-    "prefill and training run the chunked SSD scan, decode the one-step recurrence",
+    "prefill and training run the chunked SSD scan, decode the one-step recurrence on a "
+    "state cached in the model dtype",
     "decode re-runs the chunk-scan math over the buffered partial chunk from an fp32 "
     "chunk-boundary state, committing the state when the chunk fills",
     "tests/test_mamba.py::test_mamba_chunked_decode_fix",

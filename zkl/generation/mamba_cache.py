@@ -2,7 +2,7 @@
 
 `ssm` is fp32: with `mamba_chunked_decode` it is the state at the row's last chunk boundary
 and `buf_xbc` / `buf_dt` hold the post-conv inputs of the current partial chunk; with the
-fix off it is the running state and the buffers are unused.
+fix off it is the running state rounded to the model dtype and the buffers are unused.
 """
 
 from __future__ import annotations

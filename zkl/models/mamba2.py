@@ -11,7 +11,8 @@ positions and an fp32 SSM state. With `mamba_chunked_decode` the state is the on
 last chunk boundary and the cache also buffers the current partial chunk; prefill and
 decode both run the chunk scan over (buffer + new tokens) from that state, so decode makes
 the same bits as training and the state is committed when a chunk fills. With the fix off,
-the state is the running state and decode is the ordinary one-step recurrence.
+the state is the running state, kept in the model dtype (what vLLM's default
+`mamba_ssm_cache_dtype=auto` does), and decode is the ordinary one-step recurrence.
 """
 
 from __future__ import annotations
@@ -230,7 +231,7 @@ class Mamba2Mixer(nn.Module):
             torch.exp(dt * A)[..., None, None] * h
             + (x * dt[..., None]).unsqueeze(-1) * B[:, :, None]
         )
-        cache.ssm[self.index, slots] = h
+        cache.ssm[self.index, slots] = h.to(xbc.dtype).float()  # a model-dtype state cache
         return torch.einsum("bhpn,bhn->bhp", h, C).unsqueeze(1)
 
     def chunked_step(self, xbc, dt, A, positions, cache, slots) -> torch.Tensor:
@@ -293,5 +294,5 @@ class Mamba2Mixer(nn.Module):
                 cache.buf_xbc[self.index, slots] = seq[rows, tail]
                 cache.buf_dt[self.index, slots] = seq_dt[rows, tail]
             else:  # padding has dt = 0, so the last state is the state after the last token
-                cache.ssm[self.index, slots] = states[:, n]
+                cache.ssm[self.index, slots] = states[:, n].to(xbc.dtype).float()
         return y[rows, cols]  # [b, T, H, P]

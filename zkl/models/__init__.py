@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from zkl.models.config import ModelConfig, validate_model
-from zkl.models.nemotron_h import NemotronH
+from zkl.models.nemotron_h import NemotronH, init_hybrid_weights
 from zkl.models.transformer import Transformer, init_weights
 from zkl.precision import apply_precision
 
@@ -42,6 +42,8 @@ def build_model(
         from zkl.models.hf_checkpoint import load_state_dict
 
         model.load_state_dict(load_state_dict(cfg.checkpoint, cfg, device), strict=True)
+    elif cfg.family == "nemotron_h":
+        init_hybrid_weights(model, seed)
     else:
         init_weights(model, seed)
     apply_precision(model, compute_dtype, linear_quant)

@@ -16,7 +16,7 @@ from zkl import ops
 from zkl.invariance import is_enabled
 from zkl.models.config import ModelConfig
 from zkl.models.mamba2 import Mamba2Mixer
-from zkl.models.transformer import Attention, Linear, RMSNorm, SparseMoE
+from zkl.models.transformer import Attention, Linear, RMSNorm, SparseMoE, init_weights
 
 
 def no_rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -149,3 +149,25 @@ class NemotronH(nn.Module):
         if logit_index is not None:
             x = x[torch.arange(x.shape[0], device=x.device), logit_index]
         return self.lm_head(self.norm(x))
+
+
+def init_hybrid_weights(model: NemotronH, seed: int) -> None:
+    """`init_weights`, then HF's Mamba constants: A_log = log(1..H), D = 1, dt_bias = 1, and
+    conv taps uniform in +-1/sqrt(conv_kernel) (nn.Conv1d's bound) instead of +-init_std*sqrt(3).
+
+    Exact operations (constants, one correctly rounded scaling), so every device gets the
+    same bits; with them the SSM path carries real signal, as in a trained model, instead of
+    vanishing under the D skip and bf16 rounding (with the default init it did: decode by the
+    recurrence then matched training bit for bit in bf16).
+    """
+    init_weights(model, seed)
+    half_width = model.cfg.init_std * 3.0**0.5
+    with torch.no_grad():
+        for layer in model.layers:
+            if layer.kind == "mamba":
+                mixer = layer.mixer
+                heads = torch.arange(1, mixer.num_heads + 1, dtype=torch.float32, device="cpu")
+                mixer.A_log.copy_(torch.log(heads))
+                mixer.D.fill_(1.0)
+                mixer.dt_bias.fill_(1.0)
+                mixer.conv1d.weight.mul_(mixer.kernel**-0.5 / half_width)

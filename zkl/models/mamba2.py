@@ -18,7 +18,6 @@ the state is the running state, kept in the model dtype (what vLLM's default
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from zkl import ops
@@ -26,6 +25,26 @@ from zkl.invariance import is_enabled
 from zkl.models.config import ModelConfig
 from zkl.models.transformer import Linear
 from zkl.ops.invariant import ordered_sum
+
+
+def sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """1 / (1 + exp(-x)) from exp and correctly rounded arithmetic.
+
+    On this CPU torch's own sigmoid / silu / softplus / log1p give other bits for the
+    few elements of a short tensor (the scalar tail of the vector loop) than for the same
+    values in a long one, so a decode step (H elements) would disagree with the train
+    path (T x H); exp and log were measured invariant.
+    """
+    return 1.0 / (1.0 + torch.exp(-x))
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    return x * sigmoid(x)
+
+
+def softplus(x: torch.Tensor) -> torch.Tensor:
+    """log(1 + exp(x)), linear above 20 as torch's."""
+    return torch.where(x > 20.0, x, torch.log(1.0 + torch.exp(torch.clamp(x, max=20.0))))
 
 
 def _cumulative(a: torch.Tensor) -> torch.Tensor:
@@ -139,7 +158,7 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        g = y.float() * F.silu(gate.float())
+        g = y.float() * silu(gate.float())
         groups = g.shape[-1] // self.group_size
         g = g.view(*g.shape[:-1], groups, self.group_size)
         out = ops.rms_norm(g, self.weight.float().view(groups, self.group_size), self.eps)
@@ -184,7 +203,7 @@ class Mamba2Mixer(nn.Module):
             out = out + seq[:, k : k + length] * weight[:, k]
         if self.conv1d.bias is not None:
             out = out + self.conv1d.bias.float()
-        return F.silu(out).to(xbc.dtype)
+        return silu(out).to(xbc.dtype)
 
     def split(self, xbc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Post-conv channels [b, T, Cd] -> x [b, T, H, P], B, C [b, T, H, N] in fp32."""
@@ -202,7 +221,7 @@ class Mamba2Mixer(nn.Module):
         gate, xbc, dt = self.in_proj(hidden).split(
             [self.inner, self.conv_dim, self.num_heads], dim=-1
         )
-        dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(min=self.dt_min)  # [b, T, H]
+        dt = softplus(dt.float() + self.dt_bias.float()).clamp(min=self.dt_min)  # [b, T, H]
         A = -torch.exp(self.A_log.float())
         if cache is None:
             history = xbc.new_zeros(batch, self.kernel - 1, self.conv_dim)

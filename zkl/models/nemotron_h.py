@@ -15,7 +15,7 @@ from torch import nn
 from zkl import ops
 from zkl.invariance import is_enabled
 from zkl.models.config import ModelConfig
-from zkl.models.mamba2 import Mamba2Mixer
+from zkl.models.mamba2 import Mamba2Mixer, sigmoid
 from zkl.models.transformer import Attention, Linear, RMSNorm, SparseMoE, init_weights
 
 
@@ -64,7 +64,7 @@ class HybridMoE(SparseMoE):
         """x [N, H] -> (expert ids [N, k], fp32 weights [N, k]), HF's group-limited top-k."""
         fixed = is_enabled("moe_combine_order")
         logits = ops.linear(x.float(), self.gate.weight.float(), None)
-        scores = torch.sigmoid(logits)  # [N, E]
+        scores = sigmoid(logits)  # [N, E]
         choice = scores + self.gate.e_score_correction_bias.float()
         num = scores.shape[0]
         grouped = choice.view(num, self.n_group, -1)

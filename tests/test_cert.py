@@ -37,7 +37,7 @@ def test_cert_cli_passes_default_beds_and_fails_without_fixes(tmp_path):
         f"hydra.run.dir={tmp_path / 'off'}", "zero_train_gen_mismatch=false", cwd=tmp_path
     )
     assert bad.returncode == 1
-    assert bad.stdout.count("FAIL") == 8
+    assert bad.stdout.count("FAIL") == 12
 
 
 def test_multi_step_cert_both_layouts(tmp_path):
@@ -45,7 +45,7 @@ def test_multi_step_cert_both_layouts(tmp_path):
         "cert.steps=2", "cert.layouts=[colocated,dedicated]", "cert.kv=[persist]", *SMALL
     )
     results = run_cert(cfg, tmp_path)
-    assert len(results) == 8  # 2 models x 2 layouts x {bf16, mxfp8}
+    assert len(results) == 12  # 3 models x 2 layouts x {bf16, mxfp8}
     assert all(r["passed"] and r["steps"] == 2 and r["nonzero_steps"] == 0 for r in results)
 
 

@@ -14,7 +14,7 @@ from zkl.config import CONF_DIR, ConfigError, validate
 from zkl.rl.loop import run
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = ["tiny_dense", "tiny_moe"]
+TINY = ["tiny_dense", "tiny_moe", "tiny_hybrid"]
 
 
 def options(group: str) -> list[str]:
@@ -69,6 +69,16 @@ def test_real_shapes_match_public_configs():
         12,
     )
     assert (d.num_key_value_heads, d.qkv_bias, d.tie_word_embeddings) == (2, True, True)
+    h = make_cfg("model=nemotron3_nano_30b_a3b").model
+    kinds = [h.layer_kind(i) for i in range(h.num_hidden_layers)]
+    assert [kinds.count(k) for k in ("mamba", "moe", "attention")] == [23, 23, 6]
+    assert (h.hidden_size, h.mamba_num_heads, h.mamba_head_dim, h.ssm_state_size) == (
+        2688,
+        64,
+        64,
+        128,
+    )
+    assert (h.n_routed_experts, h.num_experts_per_tok, h.moe_intermediate_size) == (128, 6, 1856)
 
 
 # one GRPO step for every option of every group (real-shape models validate above: too big to run)

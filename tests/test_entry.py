@@ -32,4 +32,6 @@ def test_bench_measures_both_modes(tmp_path):
 
     result = run_bench(make_cfg(*SMALL), tmp_path)
     assert result["zero/gen_tokens_per_s"] > 0 and result["default/gen_tokens_per_s"] > 0
+    assert result["zero/decode_tokens_per_s"] > 0
+    assert "ratio/decode_time_mamba_fix_on_over_off" not in result  # no Mamba layers
     assert (tmp_path / "bench.json").exists()

@@ -229,7 +229,7 @@ def test_engine_zero_mode_on_gpu_any_schedule():
             assert t0 == t1 and torch.equal(l0, l1)
 
 
-@pytest.mark.parametrize("model", ["tiny_dense", "tiny_moe"])
+@pytest.mark.parametrize("model", ["tiny_dense", "tiny_moe", "tiny_hybrid"])
 @pytest.mark.parametrize("precision", ["bf16", "mxfp8"])
 def test_grpo_zero_on_gpu_and_default_not(tmp_path, model, precision):
     common = [f"model={model}", f"+precision={precision}", "device=cuda", "rl.steps=3", *SMALL]

@@ -134,6 +134,7 @@ class FixesConfig:
     attention_fixed_split: bool | None = None
     logprob_path: bool | None = None
     moe_combine_order: bool | None = None
+    mamba_chunked_decode: bool | None = None
     kv_invalidate_on_refit: bool | None = None
     refit_exactness: bool | None = None
     quantized_weight_refresh: bool | None = None
@@ -244,6 +245,15 @@ def validate(
                 raise ConfigError(f"model.{key} must be a multiple of 32 for precision=mxfp8.")
         if cfg.model.is_moe and cfg.model.moe_intermediate_size % 32:
             raise ConfigError("model.moe_intermediate_size must be a multiple of 32 for mxfp8.")
+        if cfg.model.family == "nemotron_h":  # out_proj and the shared expert's down_proj
+            if cfg.model.mamba_num_heads * cfg.model.mamba_head_dim % 32:
+                raise ConfigError(
+                    "model.mamba_num_heads * model.mamba_head_dim must be a multiple of 32."
+                )
+            if cfg.model.moe_shared_expert_intermediate_size % 32:
+                raise ConfigError(
+                    "model.moe_shared_expert_intermediate_size must be a multiple of 32."
+                )
         heads = cfg.model.num_attention_heads * cfg.model.head_dim
         if heads % 32:
             raise ConfigError(

@@ -63,6 +63,14 @@ register(
     "tests/test_ops.py::test_moe_combine_independent_of_dispatch_order",
 )
 register(
+    "mamba_chunked_decode",
+    "prefill and training run the chunked SSD scan, decode the one-step recurrence on a "
+    "state cached in the model dtype",
+    "decode re-runs the chunk-scan math over the buffered partial chunk from an fp32 "
+    "chunk-boundary state, committing the state when the chunk fills",
+    "tests/test_mamba.py::test_mamba_chunked_decode_fix",
+)
+register(
     "kv_invalidate_on_refit",
     "prefix-cache KV computed with old weights is reused after a refit",
     "cache entries carry the weight version; a lookup only hits the current version",

@@ -12,6 +12,8 @@ what a fast engine reports: the logprob of the processed logits in the model dty
 
 from __future__ import annotations
 
+import math
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -19,7 +21,8 @@ import torch
 
 from zkl import ops
 from zkl.generation.kv_cache import KVCache
-from zkl.generation.prefix_cache import PrefixCache
+from zkl.generation.mamba_cache import HybridCache
+from zkl.generation.prefix_cache import BLOCK, PrefixCache
 from zkl.generation.sampling import SamplingParams, gumbel_noise, processed_logits
 from zkl.invariance import is_enabled
 from zkl.precision import weight_cache
@@ -48,6 +51,7 @@ class EngineStats:
     prefill_tokens: int = 0
     prefix_hit_tokens: int = 0
     generated_tokens: int = 0
+    decode_s: float = 0.0  # wall time of decode steps, up to the host's look at finished rows
 
 
 class SlotState:
@@ -111,6 +115,11 @@ class GenerationEngine:
         self.stats = EngineStats()
 
     @property
+    def hybrid(self) -> bool:
+        """The model has Mamba layers, whose state lives beside the KV cache."""
+        return getattr(self.model, "num_mamba_layers", 0) > 0
+
+    @property
     def device(self) -> torch.device:
         return self.model.embed_tokens.weight.device
 
@@ -139,15 +148,18 @@ class GenerationEngine:
         max_new = max(r.params.max_new_tokens for r in requests)
         max_len = max(len(r.prompt) for r in requests) + max_new
         dtype = self.model.embed_tokens.weight.dtype
-        cache = KVCache(
-            cfg.num_hidden_layers,
-            self.max_batch_size,
-            cfg.num_key_value_heads,
-            max_len,
-            cfg.head_dim,
-            dtype,
-            device,
-        )
+        if self.hybrid:
+            cache = HybridCache(self.model, self.max_batch_size, max_len, dtype, device)
+        else:
+            cache = KVCache(
+                cfg.num_hidden_layers,
+                self.max_batch_size,
+                cfg.num_key_value_heads,
+                max_len,
+                cfg.head_dim,
+                dtype,
+                device,
+            )
         state = SlotState(self.max_batch_size, max_new, device)
         self._filters = (
             any(r.params.top_k > 0 for r in requests),
@@ -167,10 +179,12 @@ class GenerationEngine:
                     running.update(admitted)
                     self._retire(state, running, free, done)
                 if running:
+                    t0 = time.perf_counter()
                     rows = torch.tensor(list(running), device=device)
                     for _ in range(self.sync_every):
                         self._decode(cache, state, rows)
-                    self._retire(state, running, free, done)
+                    self._retire(state, running, free, done)  # reads the device: a sync
+                    self.stats.decode_s += time.perf_counter() - t0
         return [done[r.request_id] for r in requests]
 
     def _retire(self, state: SlotState, running: dict, free: list[int], done: dict) -> None:
@@ -199,6 +213,8 @@ class GenerationEngine:
 
     def _prefill(self, cache: KVCache, state: SlotState, admitted: list[tuple[int, Request]]):
         """Prompt KV of the admitted requests (prefix-cache hits copied in), first token each."""
+        if self.hybrid:
+            return self._prefill_hybrid(cache, state, admitted)
         device = self.device
         starts = []
         for slot, request in admitted:
@@ -247,6 +263,61 @@ class GenerationEngine:
                     cache.k[:, slot, :, :n],
                     cache.v[:, slot, :, :n],
                 )
+
+    def _prefill_hybrid(self, cache: HybridCache, state: SlotState, admitted):
+        """Hybrid models prefill one request at a time: a Mamba state must never see padding.
+
+        A prefix hit resumes only at an entry that carries the Mamba state, i.e. at a
+        multiple of both the prefix block and the Mamba chunk, so the chunk scan resumes
+        at a chunk boundary with an empty partial chunk. In persist mode the prefill stops
+        at the last such multiple inside the prompt to keep the state there.
+        """
+        device = self.device
+        span = math.lcm(BLOCK, self.model.cfg.chunk_size)
+        final_logits = []
+        for slot, request in admitted:
+            prompt = request.prompt
+            cache.clear_slot(slot)
+            start, cut = 0, 0
+            if self.prefix_cache is not None:
+                blocks = self.prefix_cache.match(prompt, self.weight_version)
+                while blocks and blocks[-1].mamba is None:
+                    blocks.pop()
+                if blocks:
+                    k = torch.cat([b.k for b in blocks], dim=2)  # [L, Hkv, n, D]
+                    v = torch.cat([b.v for b in blocks], dim=2)
+                    for layer in range(k.shape[0]):
+                        cache.write(layer, slot, k[layer], v[layer])
+                    cache.restore(slot, blocks[-1].mamba)
+                    start = len(blocks) * BLOCK
+                cut = (len(prompt) - 1) // span * span
+            self.stats.prefix_hit_tokens += start
+            step = self.prefill_chunk or len(prompt)
+            bounds = set(range(start, len(prompt), step)) | {len(prompt)}
+            bounds = sorted(bounds | ({cut} if cut > start else set()))
+            slots = torch.tensor([slot], device=device)
+            snapshot = None
+            for lo, hi in zip(bounds, bounds[1:]):
+                tokens = torch.tensor([prompt[lo:hi]], device=device)
+                positions = torch.arange(lo, hi, device=device).unsqueeze(0)
+                index = torch.tensor([hi - lo - 1], device=device)
+                logits = self.model(tokens, positions, cache, slots, logit_index=index)
+                if hi == cut:
+                    snapshot = cache.mamba_state(slot)
+            final_logits.append(logits)
+            self.stats.prefill_tokens += len(prompt) - start
+            if self.prefix_cache is not None:
+                n = len(prompt)
+                version = self.weight_version
+                self.prefix_cache.insert(
+                    prompt, version, cache.k[:, slot, :, :n], cache.v[:, slot, :, :n]
+                )
+                if snapshot is not None:
+                    self.prefix_cache.attach_state(prompt[:cut], version, snapshot)
+        slots = torch.tensor([slot for slot, _ in admitted], device=device)
+        requests = [r for _, r in admitted]
+        state.admit(slots, requests, [len(r.prompt) - 1 for r in requests])
+        self._sample(state, slots, torch.cat(final_logits))
 
     def _decode(self, cache: KVCache, state: SlotState, rows: torch.Tensor) -> None:
         """One token for every running slot `rows` [B], all in one batch, all on the device."""

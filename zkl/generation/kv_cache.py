@@ -39,6 +39,9 @@ class KVCache:
         self.v[layer, rows, :, positions] = v.transpose(1, 2).to(self.v.dtype)
         return self.k[layer], self.v[layer]
 
+    def clear_slot(self, slot: int) -> None:
+        """A new request takes `slot`; stale K/V need no clearing (attention masks them)."""
+
     def read(self, layer: int, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V [Hkv, length, D] of one slot's first `length` positions (for the prefix cache)."""
         return self.k[layer, slot, :, :length].clone(), self.v[layer, slot, :, :length].clone()

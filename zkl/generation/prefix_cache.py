@@ -2,6 +2,8 @@
 
 The usual hit is a shared system prompt. Every entry records the weight version that
 computed it; with `kv_invalidate_on_refit` on, a lookup only hits the current version.
+For a hybrid (Mamba) model an entry may also carry the Mamba state after its last token;
+the engine only resumes from such entries, whose end is a Mamba chunk boundary.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ class Entry:
     version: int
     k: torch.Tensor  # [L, Hkv, BLOCK, D]
     v: torch.Tensor
+    mamba: tuple[torch.Tensor, ...] | None = None  # (conv history, SSM state) at the block end
 
 
 class PrefixCache:
@@ -65,3 +68,9 @@ class PrefixCache:
             self.entries.move_to_end(key)
         while len(self.entries) > self.capacity_blocks:
             self.entries.popitem(last=False)
+
+    def attach_state(self, prefix: list[int], version: int, state: tuple[torch.Tensor, ...]):
+        """Record the Mamba state after `prefix` (a whole number of blocks) on its entry."""
+        entry = self.entries.get(tuple(prefix))
+        if entry is not None and entry.version == version and entry.mamba is None:
+            entry.mamba = state

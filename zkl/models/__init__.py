@@ -1,14 +1,27 @@
-"""Native model family: Qwen2, Qwen3 dense, Qwen3-MoE."""
+"""Native model families: Qwen2, Qwen3 dense, Qwen3-MoE, Nemotron-H hybrid."""
 
 from __future__ import annotations
 
 import torch
 
 from zkl.models.config import ModelConfig, validate_model
+from zkl.models.nemotron_h import NemotronH, init_hybrid_weights
 from zkl.models.transformer import Transformer, init_weights
 from zkl.precision import apply_precision
 
-__all__ = ["ModelConfig", "Transformer", "build_model", "validate_model"]
+__all__ = [
+    "ModelConfig",
+    "NemotronH",
+    "Transformer",
+    "build_model",
+    "model_class",
+    "validate_model",
+]
+
+
+def model_class(cfg: ModelConfig) -> type[torch.nn.Module]:
+    """The architecture of `cfg.family`."""
+    return NemotronH if cfg.family == "nemotron_h" else Transformer
 
 
 def build_model(
@@ -17,19 +30,21 @@ def build_model(
     linear_quant: str = "none",
     seed: int = 0,
     device: torch.device | str = "cpu",
-) -> Transformer:
+) -> torch.nn.Module:
     """The model on `device` in its compute dtype: seeded random init, or `cfg.checkpoint`.
 
     Parameters are created, initialised or loaded on the device itself (no CPU copy of the
     weights on the way).
     """
     with torch.device(device):
-        model = Transformer(cfg)
+        model = model_class(cfg)(cfg)
     if cfg.checkpoint:
         from zkl.models.hf_checkpoint import load_state_dict
 
         model.load_state_dict(load_state_dict(cfg.checkpoint, cfg, device), strict=True)
+    elif cfg.family == "nemotron_h":
+        init_hybrid_weights(model, seed)
     else:
         init_weights(model, seed)
     apply_precision(model, compute_dtype, linear_quant)
-    return model.to(device)  # the rotary tables, built on the CPU
+    return model.to(device)  # the rotary tables (Qwen), built on the CPU

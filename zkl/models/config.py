@@ -4,15 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-FAMILIES = ("qwen2", "qwen3", "qwen3_moe")
+FAMILIES = ("qwen2", "qwen3", "qwen3_moe", "nemotron_h")
+
+# Megatron's hybrid pattern letters: Mamba2, attention, MLP, MoE.
+LAYER_KINDS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 
 
 @dataclass
 class ModelConfig:
-    """Numbers of a Qwen2 / Qwen3 / Qwen3-MoE decoder, named as in HF `config.json`."""
+    """Numbers of a Qwen2 / Qwen3 / Qwen3-MoE / Nemotron-H model, named as in HF `config.json`."""
 
     name: str = "tiny_dense"
-    family: str = "qwen3"  # qwen2 | qwen3 | qwen3_moe
+    family: str = "qwen3"  # qwen2 | qwen3 | qwen3_moe | nemotron_h
     vocab_size: int = 64
     hidden_size: int = 64
     num_hidden_layers: int = 2
@@ -33,6 +36,25 @@ class ModelConfig:
     norm_topk_prob: bool = True
     decoder_sparse_step: int = 1
     mlp_only_layers: list[int] = field(default_factory=list)
+    # Nemotron-H hybrid (family nemotron_h): one letter per layer, Megatron's notation
+    # (M Mamba2, * attention, - MLP, E MoE); attention has no RoPE, MLPs are relu^2 non-gated.
+    hybrid_override_pattern: str = ""
+    mamba_num_heads: int = 0
+    mamba_head_dim: int = 0
+    ssm_state_size: int = 0
+    n_groups: int = 1
+    conv_kernel: int = 4
+    chunk_size: int = 0
+    mamba_hidden_act: str = "silu"
+    time_step_min: float = 0.001  # HF clamps dt below at this value (upper limit: none)
+    use_conv_bias: bool = True
+    mamba_proj_bias: bool = False  # HF's `use_bias` on in_proj / out_proj
+    mlp_hidden_act: str = "relu2"
+    n_routed_experts: int = 0
+    moe_shared_expert_intermediate_size: int = 0
+    routed_scaling_factor: float = 1.0
+    n_group: int = 1
+    topk_group: int = 1
     init_std: float = 0.02
     # Where real weights come from: a directory with config.json + safetensors, or null for
     # seeded random init.
@@ -40,10 +62,16 @@ class ModelConfig:
 
     @property
     def is_moe(self) -> bool:
-        return self.num_experts > 0
+        return self.num_experts > 0 or self.n_routed_experts > 0
+
+    def layer_kind(self, layer: int) -> str:
+        """mamba | attention | mlp | moe for a hybrid; attention blocks for the Qwen families."""
+        return LAYER_KINDS[self.hybrid_override_pattern[layer]]
 
     def layer_is_moe(self, layer: int) -> bool:
         """Qwen3-MoE's rule: sparse every `decoder_sparse_step` layers unless listed dense."""
+        if self.family == "nemotron_h":
+            return self.layer_kind(layer) == "moe"
         return (
             self.is_moe
             and layer not in self.mlp_only_layers
@@ -83,6 +111,8 @@ def validate_model(cfg: ModelConfig) -> None:
             f"model.num_key_value_heads={cfg.num_key_value_heads} must divide "
             f"model.num_attention_heads={cfg.num_attention_heads}."
         )
+    if cfg.family == "nemotron_h":
+        _validate_hybrid(cfg)
     if cfg.family != "qwen3_moe" and cfg.num_experts:
         raise ValueError(f"model.num_experts must be 0 for model.family={cfg.family!r}.")
     if cfg.family == "qwen3_moe":
@@ -97,3 +127,47 @@ def validate_model(cfg: ModelConfig) -> None:
             raise ValueError("model.moe_intermediate_size must be positive for a MoE model.")
         if cfg.decoder_sparse_step <= 0:
             raise ValueError("model.decoder_sparse_step must be positive.")
+
+
+def _validate_hybrid(cfg: ModelConfig) -> None:
+    pattern = cfg.hybrid_override_pattern
+    if not pattern or set(pattern) - set(LAYER_KINDS):
+        raise ValueError(
+            f"model.hybrid_override_pattern={pattern!r} must be a non-empty string of "
+            f"{''.join(LAYER_KINDS)}."
+        )
+    if len(pattern) != cfg.num_hidden_layers:
+        raise ValueError(
+            f"model.num_hidden_layers={cfg.num_hidden_layers} must equal the length of "
+            f"model.hybrid_override_pattern ({len(pattern)})."
+        )
+    for key in ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "chunk_size"):
+        if "M" in pattern and getattr(cfg, key) <= 0:
+            raise ValueError(f"model.{key} must be positive for Mamba layers.")
+    if "M" in pattern and cfg.mamba_num_heads % cfg.n_groups:
+        raise ValueError(
+            f"model.n_groups={cfg.n_groups} must divide "
+            f"model.mamba_num_heads={cfg.mamba_num_heads}."
+        )
+    if cfg.conv_kernel < 2:
+        raise ValueError(f"model.conv_kernel={cfg.conv_kernel} must be at least 2.")
+    if cfg.qkv_bias or cfg.qk_norm:
+        raise ValueError("model.qkv_bias and model.qk_norm must be false for nemotron_h.")
+    if cfg.mamba_hidden_act != "silu" or cfg.mlp_hidden_act != "relu2":
+        raise ValueError("model.mamba_hidden_act must be silu and model.mlp_hidden_act relu2.")
+    if "E" in pattern:
+        if not 0 < cfg.num_experts_per_tok <= cfg.n_routed_experts:
+            raise ValueError(
+                f"model.num_experts_per_tok={cfg.num_experts_per_tok} must be between 1 and "
+                f"model.n_routed_experts={cfg.n_routed_experts}."
+            )
+        if cfg.moe_intermediate_size <= 0 or cfg.moe_shared_expert_intermediate_size <= 0:
+            raise ValueError(
+                "model.moe_intermediate_size and model.moe_shared_expert_intermediate_size "
+                "must be positive for MoE layers."
+            )
+        if cfg.n_routed_experts % cfg.n_group or not 0 < cfg.topk_group <= cfg.n_group:
+            raise ValueError(
+                f"model.n_group={cfg.n_group} must divide model.n_routed_experts and "
+                f"model.topk_group={cfg.topk_group} must be between 1 and n_group."
+            )

@@ -1,4 +1,4 @@
-"""Read a Hugging Face Qwen2 / Qwen3 / Qwen3-MoE checkpoint directory into zkl's names.
+"""Read a Hugging Face Qwen2 / Qwen3 / Qwen3-MoE / Nemotron-H checkpoint into zkl's names.
 
 A checkpoint is a directory with `config.json` and `*.safetensors` (one file, or shards listed
 in `model.safetensors.index.json`). zkl's parameter names are HF's without the `model.`
@@ -7,6 +7,9 @@ of released Qwen3-MoE checkpoints and what `save_pretrained` of transformers 5 w
 it converts back on save) or fused as in transformers 5's in-memory module
 (`mlp.experts.gate_up_proj` [E, 2*I, H] with gate rows first, `mlp.experts.down_proj`
 [E, H, I]; the transposed forms [E, H, 2*I] / [E, I, H] are accepted too).
+
+Nemotron-H (`NemotronHForCausalLM`): HF keeps the stack under `backbone.` with `embeddings`
+and `norm_f`, which zkl calls `embed_tokens` and `norm`; experts are stored per expert.
 
 Nothing here imports transformers: the reader is plain JSON + safetensors.
 """
@@ -21,7 +24,11 @@ import torch
 
 from zkl.models.config import ModelConfig, validate_model
 
-SUPPORTED = ("qwen2", "qwen3", "qwen3_moe")
+SUPPORTED = ("qwen2", "qwen3", "qwen3_moe", "nemotron_h")
+# HF's layers_block_type names -> Megatron's pattern letters (as HF's own _list_to_pattern).
+_HYBRID_LETTERS = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*"}
+_HYBRID_LETTERS |= {"mlp": "-", "moe": "E"}
+_NEMOTRON_RENAMES = (("embeddings.", "embed_tokens."), ("norm_f.", "norm."))
 INDEX_FILE = "model.safetensors.index.json"
 
 # Keys some (older) checkpoints carry that are not weights: recomputed from the config.
@@ -69,6 +76,8 @@ def model_config_from_hf(path: str | Path, name: str | None = None) -> ModelConf
         raise ValueError(
             f"config.json model_type={family!r} is not supported; zkl reads {list(SUPPORTED)}."
         )
+    if family == "nemotron_h":
+        return _nemotron_config(hf, path, name)
     if hf.get("quantization_config"):
         method = hf["quantization_config"].get("quant_method", "?")
         raise ValueError(f"quantized checkpoints ({method}) are not supported; use bf16/fp32.")
@@ -129,6 +138,62 @@ def model_config_from_hf(path: str | Path, name: str | None = None) -> ModelConf
         cfg.norm_topk_prob = bool(hf.get("norm_topk_prob", False))  # HF default: false
         cfg.decoder_sparse_step = hf.get("decoder_sparse_step", 1)
         cfg.mlp_only_layers = list(hf.get("mlp_only_layers") or [])
+    validate_model(cfg)
+    return cfg
+
+
+def _nemotron_config(hf: dict, path: Path, name: str | None) -> ModelConfig:
+    """The ModelConfig of a `NemotronHForCausalLM` config.json (transformers 5 or legacy keys)."""
+    kinds = hf.get("layers_block_type") or hf.get("layer_types")
+    pattern = hf.get("hybrid_override_pattern") or "".join(_HYBRID_LETTERS[k] for k in kinds or [])
+    for key, ok in (
+        ("attention_bias", False),
+        ("mlp_bias", False),
+        ("moe_latent_size", None),
+        ("num_nextn_predict_layers", 0),
+        ("quantization_config", None),
+        ("sliding_window", None),
+    ):
+        if hf.get(key, ok) != ok:
+            raise ValueError(f"config.json {key}={hf[key]!r} is not supported (need {ok!r}).")
+    heads = hf["num_attention_heads"]
+    cfg = ModelConfig(
+        name=name or path.resolve().name,
+        family="nemotron_h",
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        num_hidden_layers=len(pattern),
+        hybrid_override_pattern=pattern,
+        num_attention_heads=heads,
+        num_key_value_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+        intermediate_size=hf["intermediate_size"],
+        rms_norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
+        max_position_embeddings=hf["max_position_embeddings"],
+        qkv_bias=False,
+        qk_norm=False,
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        mamba_num_heads=hf["mamba_num_heads"],
+        mamba_head_dim=hf["mamba_head_dim"],
+        ssm_state_size=hf["ssm_state_size"],
+        n_groups=hf.get("n_groups", hf.get("mamba_n_groups", 8)),
+        conv_kernel=hf.get("conv_kernel", hf.get("mamba_d_conv", 4)),
+        chunk_size=hf.get("chunk_size", hf.get("mamba_chunk_size", 128)),
+        mamba_hidden_act=hf.get("mamba_hidden_act", "silu"),
+        time_step_min=float(hf.get("time_step_min", hf.get("mamba_dt_min", 0.001))),
+        use_conv_bias=bool(hf.get("use_conv_bias", hf.get("mamba_conv_bias", True))),
+        mamba_proj_bias=bool(hf.get("use_bias", False)),  # what HF's mixer reads
+        mlp_hidden_act=hf.get("mlp_hidden_act", "relu2"),
+        n_routed_experts=hf.get("n_routed_experts", 0) if "E" in pattern else 0,
+        num_experts_per_tok=hf.get("num_experts_per_tok", 0) if "E" in pattern else 0,
+        moe_intermediate_size=hf.get("moe_intermediate_size", 0) if "E" in pattern else 0,
+        moe_shared_expert_intermediate_size=hf.get("moe_shared_expert_intermediate_size", 0),
+        routed_scaling_factor=float(hf.get("routed_scaling_factor", 1.0)),
+        n_group=hf.get("n_group", 1),
+        topk_group=hf.get("topk_group", 1),
+        norm_topk_prob=bool(hf.get("norm_topk_prob", True)),
+        checkpoint=str(path),
+    )
     validate_model(cfg)
     return cfg
 
@@ -205,10 +270,10 @@ def _unfuse_experts(
 
 def _expected_shapes(cfg: ModelConfig) -> dict[str, list[int]]:
     """Names and shapes of zkl's state dict for `cfg`, from the model itself (meta device)."""
-    from zkl.models.transformer import Transformer
+    from zkl.models import model_class
 
     with torch.device("meta"):
-        model = Transformer(cfg)
+        model = model_class(cfg)(cfg)
     return {k: list(v.shape) for k, v in model.state_dict().items()}
 
 
@@ -236,6 +301,11 @@ def map_state_dict(
     sd: dict[str, torch.Tensor] = {}
     for hf_key, tensor in raw.items():
         key = hf_key.removeprefix("model.")
+        if cfg.family == "nemotron_h":
+            key = key.removeprefix("backbone.")
+            for old, new in _NEMOTRON_RENAMES:
+                if key.startswith(old):
+                    key = new + key.removeprefix(old)
         if _IGNORED.search(key):
             continue
         if cfg.is_moe and _FUSED_EXPERTS.match(key):

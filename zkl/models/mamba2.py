@@ -1,0 +1,317 @@
+"""Mamba2 mixer (Nemotron-H's): in-projection, causal depthwise conv, SSD scan, gated norm.
+
+The SSD scan cuts the sequence into chunks at absolute positions that are multiples of
+`chunk_size`, so the train forward of prompt+response and the prefill of the prompt cut at
+the same places. Every reduction is an elementwise product followed by `ordered_sum` (a
+fixed pairwise tree) over a dimension whose size is fixed by the config, so a row's result
+never depends on the batch, the number of chunks or the rows computed beside it.
+
+On the gen path the cache holds, per slot, the conv inputs of the last `conv_kernel - 1`
+positions and an fp32 SSM state. With `mamba_chunked_decode` the state is the one at the
+last chunk boundary and the cache also buffers the current partial chunk; prefill and
+decode both run the chunk scan over (buffer + new tokens) from that state, so decode makes
+the same bits as training and the state is committed when a chunk fills. With the fix off,
+the state is the running state, kept in the model dtype (what vLLM's default
+`mamba_ssm_cache_dtype=auto` does), and decode is the ordinary one-step recurrence.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from zkl import ops
+from zkl.invariance import is_enabled
+from zkl.models.config import ModelConfig
+from zkl.models.transformer import Linear
+from zkl.ops.invariant import ordered_sum
+
+
+def sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """1 / (1 + exp(-x)) from exp and correctly rounded arithmetic.
+
+    On this CPU torch's own sigmoid / silu / softplus / log1p give other bits for the
+    few elements of a short tensor (the scalar tail of the vector loop) than for the same
+    values in a long one, so a decode step (H elements) would disagree with the train
+    path (T x H); exp and log were measured invariant.
+    """
+    return 1.0 / (1.0 + torch.exp(-x))
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    return x * sigmoid(x)
+
+
+def softplus(x: torch.Tensor) -> torch.Tensor:
+    """log(1 + exp(x)), linear above 20 as torch's."""
+    return torch.where(x > 20.0, x, torch.log(1.0 + torch.exp(torch.clamp(x, max=20.0))))
+
+
+def _cumulative(a: torch.Tensor) -> torch.Tensor:
+    """a [b, n, Q, H] -> running sums over Q, added in position order."""
+    sums = [a[:, :, 0]]
+    for i in range(1, a.shape[2]):
+        sums.append(sums[-1] + a[:, :, i])
+    return torch.stack(sums, dim=2)
+
+
+def _intra(C_rows, cum_rows, visible, B, cum, xdt) -> torch.Tensor:
+    """Diagonal block: y[l] = sum_{s<=l} (C[l].B[s]) exp(cum[l]-cum[s]) x[s]dt[s].
+
+    C_rows [b, n, l, H, N] and cum_rows [b, n, l, H] are the rows wanted (all of the chunk
+    on the train path, one on decode); visible broadcasts to [b, n, l, s, H]. Every value
+    is elementwise or a fixed tree over s / N, so a row's bits do not depend on which other
+    rows are computed.
+    """
+    decay = torch.exp(cum_rows.unsqueeze(3) - cum.unsqueeze(2))  # [b, n, l, s, H]
+    decay = torch.where(visible, decay, torch.zeros_like(decay))
+    scores = ordered_sum(C_rows.unsqueeze(3) * B.unsqueeze(2)) * decay  # [b, n, l, s, H]
+    return ordered_sum(scores.unsqueeze(-1) * xdt.unsqueeze(2), dim=3)  # [b, n, l, H, P]
+
+
+def _off(C_rows, cum_rows, start) -> torch.Tensor:
+    """The state entering the chunk [b, n, H, P, N], read out by C and decayed to each row."""
+    return ordered_sum(C_rows.unsqueeze(-2) * start.unsqueeze(2)) * torch.exp(cum_rows)[..., None]
+
+
+def _commit(h, B, cum, xdt) -> torch.Tensor:
+    """The state at a full chunk's end from the state h [b, H, P, N] at its start."""
+    to_end = torch.exp(cum[:, :, -1:] - cum)  # [b, 1, Q, H]
+    own = ordered_sum((B * to_end.unsqueeze(-1)).unsqueeze(-2) * xdt.unsqueeze(-1), dim=2)
+    return torch.exp(cum[:, 0, -1])[..., None, None] * h + own[:, 0]
+
+
+def _chunks(x, dt, B, C, A, chunk):
+    b, length, H, P = x.shape
+    n = length // chunk
+    cum = _cumulative((dt * A).view(b, n, chunk, H))  # [b, n, Q, H]
+    xdt = x.view(b, n, chunk, H, P) * dt.view(b, n, chunk, H, 1)
+    return cum, xdt, B.view(b, n, chunk, H, -1), C.view(b, n, chunk, H, -1)
+
+
+def chunk_scan(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    A: torch.Tensor,
+    h0: torch.Tensor,
+    chunk: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SSD over whole chunks, fp32: y [b, n*Q, H, P] and the states at every boundary.
+
+    x [b, n*Q, H, P], dt [b, n*Q, H] (0 on padding), B, C [b, n*Q, H, N], A [H],
+    h0 [b, H, P, N] the state at the first boundary. Returns states [b, n+1, H, P, N].
+    """
+    b, length, H, P = x.shape
+    n = length // chunk
+    cum, xdt, Bc, Cc = _chunks(x, dt, B, C, A, chunk)
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=x.device).tril()[:, :, None]
+    y_diag = _intra(Cc, cum, causal, Bc, cum, xdt)
+    states = [h0]
+    for c in range(n):  # inter-chunk recurrence, one boundary at a time
+        part = slice(c, c + 1)
+        states.append(_commit(states[-1], Bc[:, part], cum[:, part], xdt[:, part]))
+    states = torch.stack(states, dim=1)  # [b, n+1, H, P, N]
+    y_off = _off(Cc, cum, states[:, :n])
+    return (y_diag + y_off).reshape(b, length, H, P), states
+
+
+def chunk_row(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    A: torch.Tensor,
+    h0: torch.Tensor,
+    row: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode form of `chunk_scan` for one chunk: only row `row` [b] of each batch row.
+
+    The same pieces as the train path on the same values, so the row's bits are the
+    train path's. Returns y [b, H, P] and the state at the chunk's end for the rows whose
+    chunk is full (row == Q-1), else h0.
+    """
+    b, chunk, H, P = x.shape
+    cum, xdt, Bc, Cc = _chunks(x, dt, B, C, A, chunk)
+    pick = torch.arange(b, device=x.device)
+    C_row = Cc[pick, :, row].unsqueeze(2)  # [b, 1, 1, H, N]
+    cum_row = cum[pick, :, row].unsqueeze(2)  # [b, 1, 1, H]
+    visible = torch.arange(chunk, device=x.device) <= row[:, None]  # [b, s]
+    y = _intra(C_row, cum_row, visible[:, None, None, :, None], Bc, cum, xdt)
+    y = y + _off(C_row, cum_row, h0.unsqueeze(1))
+    full = row == chunk - 1
+    h = h0
+    if bool(full.any()):  # commit only the rows whose chunk just filled
+        h = h0.clone()
+        h[full] = _commit(h0[full], Bc[full], cum[full], xdt[full])
+    return y[:, 0, 0], h
+
+
+class GatedRMSNorm(nn.Module):
+    """RMSNorm over groups of the channels of y * silu(gate), fp32 (HF's MambaRMSNormGated)."""
+
+    def __init__(self, dim: int, group_size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.group_size = group_size
+        self.eps = eps
+
+    def forward(self, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        g = y.float() * silu(gate.float())
+        groups = g.shape[-1] // self.group_size
+        g = g.view(*g.shape[:-1], groups, self.group_size)
+        out = ops.rms_norm(g, self.weight.float().view(groups, self.group_size), self.eps)
+        return out.reshape(*y.shape)
+
+
+class Mamba2Mixer(nn.Module):
+    def __init__(self, cfg: ModelConfig, index: int):
+        super().__init__()
+        self.index = index  # this layer's row in the cache's Mamba buffers
+        self.num_heads = cfg.mamba_num_heads
+        self.head_dim = cfg.mamba_head_dim
+        self.n_groups = cfg.n_groups
+        self.state_size = cfg.ssm_state_size
+        self.chunk = cfg.chunk_size
+        self.kernel = cfg.conv_kernel
+        self.dt_min = cfg.time_step_min
+        self.inner = self.num_heads * self.head_dim
+        self.conv_dim = self.inner + 2 * self.n_groups * self.state_size
+        bias = cfg.mamba_proj_bias
+        projected = self.inner + self.conv_dim + self.num_heads  # gate, x B C, dt
+        self.in_proj = Linear(cfg.hidden_size, projected, bias)
+        self.conv1d = nn.Conv1d(
+            self.conv_dim, self.conv_dim, self.kernel, groups=self.conv_dim, bias=cfg.use_conv_bias
+        )
+        self.dt_bias = nn.Parameter(torch.ones(self.num_heads))
+        self.A_log = nn.Parameter(torch.zeros(self.num_heads))
+        self.D = nn.Parameter(torch.ones(self.num_heads))
+        self.norm = GatedRMSNorm(self.inner, self.inner // self.n_groups, cfg.rms_norm_eps)
+        self.out_proj = Linear(self.inner, cfg.hidden_size, bias)
+
+    def conv(self, xbc: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
+        """Causal depthwise conv + silu: xbc [b, T, Cd] after history [b, K-1, Cd] -> [b, T, Cd].
+
+        fp32, taps added in a fixed order, so a position's value never depends on T.
+        """
+        seq = torch.cat([history, xbc], dim=1).float()
+        weight = self.conv1d.weight.float()[:, 0]  # [Cd, K]
+        length = xbc.shape[1]
+        out = seq[:, 0:length] * weight[:, 0]
+        for k in range(1, self.kernel):
+            out = out + seq[:, k : k + length] * weight[:, k]
+        if self.conv1d.bias is not None:
+            out = out + self.conv1d.bias.float()
+        return silu(out).to(xbc.dtype)
+
+    def split(self, xbc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Post-conv channels [b, T, Cd] -> x [b, T, H, P], B, C [b, T, H, N] in fp32."""
+        b, length, _ = xbc.shape
+        g_n = self.n_groups * self.state_size
+        x, B, C = xbc.float().split([self.inner, g_n, g_n], dim=-1)
+        reps = self.num_heads // self.n_groups
+        B = B.view(b, length, self.n_groups, -1).repeat_interleave(reps, dim=2)
+        C = C.view(b, length, self.n_groups, -1).repeat_interleave(reps, dim=2)
+        return x.view(b, length, self.num_heads, self.head_dim), B, C
+
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, cache=None, slots=None):
+        """hidden [b, T, D], positions [b, T] (consecutive per row, every token real)."""
+        batch, length, _ = hidden.shape
+        gate, xbc, dt = self.in_proj(hidden).split(
+            [self.inner, self.conv_dim, self.num_heads], dim=-1
+        )
+        dt = softplus(dt.float() + self.dt_bias.float()).clamp(min=self.dt_min)  # [b, T, H]
+        A = -torch.exp(self.A_log.float())
+        if cache is None:
+            history = xbc.new_zeros(batch, self.kernel - 1, self.conv_dim)
+        else:
+            history = cache.conv[self.index, slots]
+            cache.conv[self.index, slots] = torch.cat([history, xbc], dim=1)[:, length:]
+        xbc = self.conv(xbc, history)
+        decoding = cache is not None and length == 1
+        if decoding and is_enabled("mamba_chunked_decode"):
+            y = self.chunked_step(xbc, dt, A, positions, cache, slots)
+        elif decoding:
+            y = self.step(xbc, dt, A, cache, slots)
+        else:
+            y = self.scan(xbc, dt, A, positions, cache, slots)
+        x = self.split(xbc)[0]
+        y = y + self.D.float()[:, None] * x  # [b, T, H, P]
+        y = self.norm(y.reshape(batch, length, self.inner), gate)
+        return self.out_proj(y.to(hidden.dtype))
+
+    def step(self, xbc, dt, A, cache, slots) -> torch.Tensor:
+        """The ordinary one-step recurrence h = exp(dt A) h + dt B x, y = C h (fix off)."""
+        x, B, C = (t[:, 0] for t in self.split(xbc))  # [b, H, P], [b, H, N]
+        dt = dt[:, 0]  # [b, H]
+        h = cache.ssm[self.index, slots]  # [b, H, P, N]
+        h = (
+            torch.exp(dt * A)[..., None, None] * h
+            + (x * dt[..., None]).unsqueeze(-1) * B[:, :, None]
+        )
+        cache.ssm[self.index, slots] = h.to(xbc.dtype).float()  # a model-dtype state cache
+        return torch.einsum("bhpn,bhn->bhp", h, C).unsqueeze(1)
+
+    def chunked_step(self, xbc, dt, A, positions, cache, slots) -> torch.Tensor:
+        """Fix on, one token a row: buffer it in its chunk, compute its row as training does."""
+        Q = self.chunk
+        row = positions[:, 0] % Q  # [b]
+        pick = torch.arange(row.shape[0], device=row.device)
+        kept = (torch.arange(Q, device=row.device) < row[:, None]).unsqueeze(-1)  # [b, Q, 1]
+        buf = cache.buf_xbc[self.index, slots]
+        buf = torch.where(kept, buf, torch.zeros_like(buf))
+        buf_dt = cache.buf_dt[self.index, slots]
+        buf_dt = torch.where(kept, buf_dt, torch.zeros_like(buf_dt))
+        buf[pick, row] = xbc[:, 0]
+        buf_dt[pick, row] = dt[:, 0]
+        x, B, C = self.split(buf)
+        y, h = chunk_row(x, buf_dt, B, C, A, cache.ssm[self.index, slots], row)
+        cache.ssm[self.index, slots] = h  # changed only where the chunk filled
+        cache.buf_xbc[self.index, slots] = buf
+        cache.buf_dt[self.index, slots] = buf_dt
+        return y.unsqueeze(1)  # [b, 1, H, P]
+
+    def scan(self, xbc, dt, A, positions, cache, slots) -> torch.Tensor:
+        """Chunk scan over (buffered partial chunk + these tokens) from the boundary state."""
+        batch, length, _ = xbc.shape
+        Q = self.chunk
+        device = xbc.device
+        chunked = cache is not None and is_enabled("mamba_chunked_decode")
+        if chunked:  # rows resume mid-chunk: r tokens of the chunk are buffered
+            start = positions[:, 0] % Q  # [b]
+            width = int(start.max().item()) + length
+        else:  # train path (from position 0), or fix off: a fresh chunk from the state
+            start = torch.zeros(batch, dtype=torch.long, device=device)
+            width = length
+        n = -(-width // Q)
+        seq = xbc.new_zeros(batch, (n + 1) * Q, self.conv_dim)
+        seq_dt = dt.new_zeros(batch, (n + 1) * Q, self.num_heads)
+        if chunked:
+            kept = (torch.arange(Q, device=device) < start[:, None]).unsqueeze(-1)
+            buf = cache.buf_xbc[self.index, slots]
+            seq[:, :Q] = torch.where(kept, buf, torch.zeros_like(buf))
+            buf_dt = cache.buf_dt[self.index, slots]
+            seq_dt[:, :Q] = torch.where(kept, buf_dt, torch.zeros_like(buf_dt))
+        rows = torch.arange(batch, device=device)[:, None]
+        cols = start[:, None] + torch.arange(length, device=device)  # [b, T]
+        seq[rows, cols] = xbc
+        seq_dt[rows, cols] = dt
+        if cache is None:
+            shape = (batch, self.num_heads, self.head_dim, self.state_size)
+            h0 = torch.zeros(shape, device=device)
+        else:
+            h0 = cache.ssm[self.index, slots]
+        x, B, C = self.split(seq[:, : n * Q])
+        y, states = chunk_scan(x, seq_dt[:, : n * Q], B, C, A, h0, Q)
+        if cache is not None:
+            end = start + length  # [b]
+            if chunked:  # commit the last filled boundary; buffer the partial chunk after it
+                filled = end // Q
+                cache.ssm[self.index, slots] = states[rows[:, 0], filled]
+                tail = filled[:, None] * Q + torch.arange(Q, device=device)
+                cache.buf_xbc[self.index, slots] = seq[rows, tail]
+                cache.buf_dt[self.index, slots] = seq_dt[rows, tail]
+            else:  # padding has dt = 0, so the last state is the state after the last token
+                cache.ssm[self.index, slots] = states[:, n].to(xbc.dtype).float()
+        return y[rows, cols]  # [b, T, H, P]

@@ -172,7 +172,7 @@ def layout_gpus(layout: str, backend: str = "auto") -> int:
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="zkl_schema", node=ZklConfig)
-    # conf/hydra/launcher/slurm_gpu.yaml asks Slurm for ${zkl_gpus:${layout.name},${layout.backend}} GPUs.
+    # conf/hydra/launcher/slurm_gpu.yaml asks Slurm for zkl_gpus(layout.name, layout.backend).
     OmegaConf.register_new_resolver("zkl_gpus", layout_gpus, replace=True)
 
 

@@ -37,7 +37,7 @@ def test_cert_cli_passes_default_beds_and_fails_without_fixes(tmp_path):
         f"hydra.run.dir={tmp_path / 'off'}", "zero_train_gen_mismatch=false", cwd=tmp_path
     )
     assert bad.returncode == 1
-    assert bad.stdout.count("FAIL") == 12
+    assert bad.stdout.count("FAIL") == 8
 
 
 def test_multi_step_cert_both_layouts(tmp_path):

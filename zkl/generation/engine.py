@@ -53,6 +53,9 @@ class EngineStats:
     prefill_tokens: int = 0
     prefix_hit_tokens: int = 0
     generated_tokens: int = 0
+    # The schedule's shape, so a test can see the batches are not lockstep waves.
+    ragged_prefills: int = 0  # prefill batches whose rows have different lengths
+    joined_running: int = 0  # requests admitted while others were mid-decode
 
 
 class GenerationEngine:
@@ -120,6 +123,7 @@ class GenerationEngine:
                     gen = torch.Generator().manual_seed(request.params.seed)
                     admitted.append((free.pop(), _Running(request, gen)))
                 if admitted:
+                    self.stats.joined_running += len(admitted) if running else 0
                     self._prefill(cache, admitted)
                     running.update(admitted)
                     self._retire(running, free, done)
@@ -179,6 +183,7 @@ class GenerationEngine:
                 if lo <= last[i] < hi:
                     final_logits[i] = logits[i]
         self.stats.prefill_tokens += sum(lengths)
+        self.stats.ragged_prefills += int(len(set(lengths)) > 1)
         self._sample([r for _, r in admitted], torch.stack(final_logits))
         if self.prefix_cache is not None:
             for slot, r in admitted:

@@ -122,3 +122,17 @@ def is_enabled(name: str) -> bool:
 
 def active() -> frozenset[str]:
     return _active
+
+
+def label(on: Iterable[str]) -> str:
+    """A name for a set of fixes, fit for folders and W&B groups: `all_fixes`, `no_fixes`,
+    `minus_<a>+<b>` (those off) or, when fewer are on than off, `only_<a>+<b>`."""
+    on = set(on)
+    off = [name for name in FIXES if name not in on]
+    if not off:
+        return "all_fixes"
+    if not on:
+        return "no_fixes"
+    if len(on) < len(off):
+        return "only_" + "+".join(name for name in FIXES if name in on)
+    return "minus_" + "+".join(off)

@@ -14,14 +14,20 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from zkl import invariance
+
 METRICS_FILE = "metrics.jsonl"
 TOKENS_FILE = "tokens.jsonl"
 CONFIG_FILE = "config.yaml"
 
 
 def axes(cfg) -> dict[str, str]:
-    """The sweep axes of a run: what a comparison groups by."""
-    return {
+    """The sweep axes of a run: what a comparison groups by.
+
+    `fixes` appears when `fixes.<name>` overrides leave another set on than the mode's own,
+    e.g. `minus_kv_invalidate_on_refit`, so the runs of an ablation land in distinct groups.
+    """
+    ax = {
         "model": cfg.model.name,
         "layout": cfg.layout.name,
         "engine": cfg.engine.name,
@@ -29,6 +35,17 @@ def axes(cfg) -> dict[str, str]:
         "kv": cfg.kv.mode,
         "mode": "zero" if cfg.zero_train_gen_mismatch else "default",
     }
+    on = invariance.resolve(cfg.zero_train_gen_mismatch, vars(cfg.fixes))
+    if on != invariance.resolve(cfg.zero_train_gen_mismatch, {}):
+        ax["fixes"] = invariance.label(on)
+    return ax
+
+
+def tags(cfg) -> list[str]:
+    """`axis:value` for every axis, `fix_off:<name>` for every fix off, then the user's tags."""
+    on = invariance.resolve(cfg.zero_train_gen_mismatch, vars(cfg.fixes))
+    off = [f"fix_off:{name}" for name in invariance.FIXES if name not in on]
+    return [f"{k}:{v}" for k, v in axes(cfg).items()] + off + list(cfg.tracking.wandb.tags)
 
 
 class RunLog:
@@ -51,13 +68,12 @@ class RunLog:
                 os.environ.setdefault(key, value)
             import wandb
 
-            ax = axes(cfg)
             self._wandb = wandb.init(
                 mode=wb.mode,
                 project=wb.project,
                 entity=wb.entity,
-                group=wb.group or "-".join(ax.values()),
-                tags=[f"{k}:{v}" for k, v in ax.items()] + list(wb.tags),
+                group=wb.group or "-".join(axes(cfg).values()),
+                tags=tags(cfg),
                 config=resolved,
                 dir=str(self.run_dir),
             )

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 PAD, EOS = "<pad>", "<eos>"
 CHARS = "0123456789+=?:. \nabcdefghijklmnopqrstuvwxyz"
 SYSTEM = "sum the two digits. reply digits.\n"
-PHRASES = ("", "q: ", "add ", "what is ")  # between SYSTEM and "a+b="
+PHRASES = ("", "q: ", "add ")  # between SYSTEM and "a+b="; 42 tokens at most
 
 
 class CharTokenizer:

@@ -31,6 +31,20 @@ def test_sweep_runs_every_job(sweep, tmp_path):
     for job in jobs:
         rows = [json.loads(x) for x in (job / "metrics.jsonl").read_text().splitlines()]
         assert len(rows) == 1
+    if sweep == "fix_ablation":  # the baseline, then each registered fix off in turn
+        from omegaconf import OmegaConf
+
+        from zkl.config import ZklConfig
+        from zkl.invariance import FIXES
+        from zkl.tracking.run_log import tags
+
+        schema = OmegaConf.structured(ZklConfig)
+        cfgs = [
+            OmegaConf.to_object(OmegaConf.merge(schema, OmegaConf.load(job / "config.yaml")))
+            for job in jobs
+        ]
+        off = [[t for t in tags(cfg) if t.startswith("fix_off:")] for cfg in cfgs]
+        assert off == [[]] + [[f"fix_off:{name}"] for name in FIXES]
 
 
 def test_recompute_metrics_script(tmp_path):

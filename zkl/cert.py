@@ -267,21 +267,21 @@ def run_cert(cfg: ZklConfig, run_dir: str | Path) -> list[dict[str, Any]]:
     """Certify every bed (with cert.ablate, every fix off in turn); write and print the table."""
     run_dir = Path(run_dir)
     runs = plan(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
     done: list[tuple[Run, dict[str, Any]]] = []
-    for i, run in enumerate(runs, 1):
-        tag = f"[{i}/{len(runs)}] {run.bed} {run.variant} ({run.mode})"
-        progress(f"{tag} ...")
-        start = time.perf_counter()
-        row = execute(run, run_dir, done)
-        row["seconds"] = time.perf_counter() - start
-        progress(f"{tag}: {row['result']} ({row['seconds']:.1f}s)")
-        done.append((run, row))
+    with open(run_dir / RESULTS_FILE, "w") as f:  # a row as each run ends
+        for i, run in enumerate(runs, 1):
+            tag = f"[{i}/{len(runs)}] {run.bed} {run.variant} ({run.mode})"
+            progress(f"{tag} ...")
+            start = time.perf_counter()
+            row = execute(run, run_dir, done)
+            row["seconds"] = time.perf_counter() - start
+            progress(f"{tag}: {row['result']} ({row['seconds']:.1f}s)")
+            done.append((run, row))
+            f.write(json.dumps(row) + "\n")
+            f.flush()
     results = [row for _, row in done]
     table = format_table(results)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / RESULTS_FILE, "w") as f:
-        for row in results:
-            f.write(json.dumps(row) + "\n")
     (run_dir / TABLE_FILE).write_text(table + "\n")
     print(table)
     print(f"results: {run_dir / RESULTS_FILE} (one JSON object per row), {run_dir / TABLE_FILE}")

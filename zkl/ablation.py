@@ -51,15 +51,11 @@ def in_mode(bed: ZklConfig, mode: Mode) -> ZklConfig:
     return dataclasses.replace(cfg, cert=dataclasses.replace(cfg.cert, steps=mode.steps))
 
 
-def fixes_on(cfg: ZklConfig) -> frozenset[str]:
-    return invariance.resolve(cfg.zero_train_gen_mismatch, vars(cfg.fixes))
-
-
 def variants(bed: ZklConfig) -> list[tuple[str, Mode, ZklConfig, ZklConfig]]:
     """(fix, mode, all of the bed's fixes in that mode, the same with `fix` off) per fix on."""
     out = []
     for fix in invariance.FIXES:
-        if fix in fixes_on(bed):
+        if fix in invariance.from_config(bed):
             mode = mode_for(fix, bed.cert.steps)
             reference = in_mode(bed, mode)
             off = dataclasses.replace(reference.fixes, **{fix: False})

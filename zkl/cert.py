@@ -118,7 +118,7 @@ def certify_step0(cfg: ZklConfig) -> dict[str, Any]:
     task = build_task(cfg.task.name, cfg.task.max_operand)
     requests = cert_requests(cfg, task, cfg.seed)
     lp_train, lp_gen = [], []
-    with invariance.enabled(ablation.fixes_on(cfg)):
+    with invariance.enabled(invariance.from_config(cfg)):
         policy = Policy(cfg)
         generator = build_generator(cfg, policy, task.tokenizer.eos_id)
         try:
@@ -208,7 +208,7 @@ class Run:
 
     @property
     def variant(self) -> str:
-        return invariance.label(ablation.fixes_on(self.cfg))
+        return invariance.label(invariance.from_config(self.cfg))
 
 
 def plan(cfg: ZklConfig) -> list[Run]:
@@ -218,7 +218,7 @@ def plan(cfg: ZklConfig) -> list[Run]:
             "cert.steps=1 certifies no refit (its one rollout sees the initial weights); "
             "use 0 for step-0 or at least 2."
         )
-    if cfg.cert.ablate and not ablation.fixes_on(cfg):
+    if cfg.cert.ablate and not invariance.from_config(cfg):
         raise ConfigError(
             "cert.ablate=true turns the fixes off one at a time, but none is on; "
             "set zero_train_gen_mismatch=true."

@@ -98,6 +98,11 @@ def resolve(zero_train_gen_mismatch: bool, overrides: Mapping[str, bool | None])
     return frozenset(on)
 
 
+def from_config(cfg) -> frozenset[str]:
+    """The fixes a ZklConfig turns on: its master switch, then its `fixes.<name>` overrides."""
+    return resolve(cfg.zero_train_gen_mismatch, vars(cfg.fixes))
+
+
 @contextlib.contextmanager
 def enabled(names: Iterable[str]) -> Iterator[frozenset[str]]:
     """Turn exactly `names` on for the duration of the block; the previous set comes back."""

@@ -35,7 +35,7 @@ def axes(cfg) -> dict[str, str]:
         "kv": cfg.kv.mode,
         "mode": "zero" if cfg.zero_train_gen_mismatch else "default",
     }
-    on = invariance.resolve(cfg.zero_train_gen_mismatch, vars(cfg.fixes))
+    on = invariance.from_config(cfg)
     if on != invariance.resolve(cfg.zero_train_gen_mismatch, {}):
         ax["fixes"] = invariance.label(on)
     return ax
@@ -43,7 +43,7 @@ def axes(cfg) -> dict[str, str]:
 
 def tags(cfg) -> list[str]:
     """`axis:value` for every axis, `fix_off:<name>` for every fix off, then the user's tags."""
-    on = invariance.resolve(cfg.zero_train_gen_mismatch, vars(cfg.fixes))
+    on = invariance.from_config(cfg)
     off = [f"fix_off:{name}" for name in invariance.FIXES if name not in on]
     return [f"{k}:{v}" for k, v in axes(cfg).items()] + off + list(cfg.tracking.wandb.tags)
 

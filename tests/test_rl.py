@@ -40,7 +40,13 @@ def test_twenty_steps_zero_while_learning(layout, tmp_path):
     rows = run(make_cfg("+precision=bf16", f"+layout={layout}"), tmp_path)
     assert len(rows) == 20
     assert all(_zero(r) for r in rows)
-    assert all(r["optim/update_norm"] > 0 for r in rows)
+    assert all(r["optim/update_norm"] > 0 and r["weights/changed_tensors"] > 0 for r in rows)
+    assert all(r["rl/zero_adv_frac"] < 1 for r in rows)
+    assert [r["gen/weight_version"] for r in rows] == list(range(20))  # every refit seen
+    # not lockstep: prompts of different lengths share prefill batches, and requests join
+    # batches mid-decode while responses still vary in length
+    assert all(r["gen/ragged_prefills"] > 0 for r in rows)
+    assert all(r["gen/joined_running"] > 0 for r in rows[:3])
     first = sum(r["reward/mean"] for r in rows[:5]) / 5
     last = sum(r["reward/mean"] for r in rows[-5:]) / 5
     assert last > first
@@ -130,6 +136,7 @@ def test_wandb_offline_run_has_every_step(tmp_path):
     info = read_run_info(tmp_path)
     assert info["group"] == "tiny_dense-colocated-native-bf16-recompute-zero"
     assert "precision:bf16" in info["tags"]
+    assert not [t for t in info["tags"] if t.startswith("fix_off:")]
     history = read_history(tmp_path)
     assert [h["_step"] for h in history] == [0, 1, 2]
     assert [h["train/gen_kl_error"] for h in history] == [r["train/gen_kl_error"] for r in rows]
@@ -150,3 +157,17 @@ def test_a_crash_keeps_the_logged_steps(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="injected"):
         run(make_cfg("rl.steps=5", *SMALL), tmp_path)
     assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1]
+
+
+def test_wandb_group_and_tags_name_the_fixes_off():
+    from zkl.tracking.run_log import axes, tags
+
+    one = make_cfg("kv=persist", "fixes.kv_invalidate_on_refit=false")
+    assert "-".join(axes(one).values()).endswith("-zero-minus_kv_invalidate_on_refit")
+    assert [t for t in tags(one) if t.startswith("fix_off:")] == ["fix_off:kv_invalidate_on_refit"]
+    two = make_cfg("fixes.logprob_path=false", "fixes.refit_exactness=false")
+    assert axes(two)["fixes"] == "minus_logprob_path+refit_exactness"
+    assert axes(two) != axes(make_cfg("fixes.logprob_path=false"))
+    default = make_cfg("zero_train_gen_mismatch=false")
+    assert "fixes" not in axes(default) and axes(default)["mode"] == "default"
+    assert len([t for t in tags(default) if t.startswith("fix_off:")]) == 8

@@ -72,9 +72,9 @@ def _launcher(*overrides: str) -> dict:
 
 def test_launcher_presets_compose():
     """slurm and local presets resolve; slurm_gpu asks for the GPUs each layout needs."""
-    for layout, gpus in (("colocated", 1), ("dedicated", 2)):
+    for layout, backend, gpus in (("colocated", "auto", 1), ("dedicated", "auto", 1)):
         launcher = _launcher("hydra/launcher=slurm_gpu", f"+layout={layout}")
-        assert launcher["gpus_per_node"] == gpus
+        assert launcher["gpus_per_node"] == gpus, (layout, backend)
     slurm = _launcher("hydra/launcher=slurm", "hydra.launcher.partition=cpu")
     assert slurm["_target_"].endswith("submitit_launcher.SlurmLauncher")
     assert (slurm["partition"], slurm["cpus_per_task"], slurm["max_num_timeout"]) == ("cpu", 1, 3)

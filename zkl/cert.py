@@ -1,11 +1,25 @@
-"""`python -m zkl.cert`: certify beds (model x layout x precision x kv) bitwise.
+"""`python -m zkl.cert`: certify beds bitwise, and never pass a bed that tested nothing.
+
+What is certified is what `python -m zkl` would run with the same config and overrides. The
+bed axes `cert.models`, `cert.precisions`, `cert.layouts` and `cert.kv` are null by default:
+then the one bed is the user's config. A list certifies one bed per combination of options;
+each option is `conf/<group>/<option>.yaml` with the user's own edits of that group kept
+(`model.num_hidden_layers=4` holds for every model), and every other key is the user's. An
+empty list, `cert.steps=1`, or a bed this machine cannot run is refused with one sentence
+(exit 2) before any work.
 
 Step-0 (`cert.steps=0`): generate with the initial weights under several schedules
 (batch sizes, arrival orders, chunked prefill, prompts of varied length behind a shared
 prefix) and score every rollout with several micro-batch groupings; every token must agree
-bitwise. Multi-step (`cert.steps=N`): N real GRPO steps with updates and refits, every step
-exactly zero. `cert.ablate=true` turns each fix off in turn and reports what it contributes.
-The process exits 1 when any bed is not exactly zero.
+bitwise. Multi-step (`cert.steps=N`, N >= 2): N real GRPO steps with updates and refits,
+every step exactly zero, and every step must have trained: some advantage non-zero, an
+update that changed the weights the generator gets, the next rollout on the refitted
+version. A bed that misses one fails with a sentence naming the step and the reason.
+
+`cert.ablate=true` turns each fix off in turn, in a mode that can expose it (`zkl.ablation`).
+Progress goes to stderr, one line as each run starts and ends; the table, then the paths of
+`cert.jsonl` and `cert.txt`, to stdout. Exit 0 when every bed passes, 1 when one fails or
+none ran, 2 when the config is refused.
 """
 
 from __future__ import annotations
@@ -24,10 +38,12 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from zkl import invariance
+from zkl import ablation, invariance
+from zkl.ablation import Mode
 from zkl.cli import guarded
-from zkl.config import CONF_DIR, ZklConfig, load_group_option, to_object, validate
+from zkl.config import CONF_DIR, ZklConfig, to_object, validate, with_group_option
 from zkl.device import resolve_device
+from zkl.errors import ConfigError
 from zkl.generation.engine import Request
 from zkl.generation.sampling import SamplingParams
 from zkl.layouts import build_generator
@@ -45,6 +61,8 @@ SCHEDULES = [
     (5, 16, "shuffled", 3),
 ]
 NUM_PROMPTS = 12
+AXES = {"model": "models", "precision": "precisions", "layout": "layouts", "kv": "kv"}
+RESULTS_FILE, TABLE_FILE = "cert.jsonl", "cert.txt"
 
 
 def bed_name(cfg: ZklConfig) -> str:
@@ -52,17 +70,22 @@ def bed_name(cfg: ZklConfig) -> str:
 
 
 def beds(cfg: ZklConfig) -> list[ZklConfig]:
-    """Every combination of the `cert.*` axes, each a full config."""
-    groups = ("model", "precision", "layout", "kv")
-    axes = (cfg.cert.models, cfg.cert.precisions, cfg.cert.layouts, cfg.cert.kv)
+    """The user's config, varied along the axes the `cert` config names (null: not varied)."""
+    options = []
+    for group, axis in AXES.items():
+        names = getattr(cfg.cert, axis)
+        if names is not None and not names:
+            raise ConfigError(
+                f"cert.{axis}=[] names no {group}, so no bed would run; name at least one, "
+                f"or leave cert.{axis} null to certify your own {group}."
+            )
+        options.append([None] if names is None else list(dict.fromkeys(names)))
     out = []
-    for options in itertools.product(*axes):
+    for combo in itertools.product(*options):
         bed = cfg
-        for group, option in zip(groups, options):
-            current = getattr(bed, group)
-            if getattr(current, "name", getattr(current, "mode", None)) != option:
-                # an axis value that is not the user's own option is loaded from conf/
-                bed = load_group_option(bed, group, option)
+        for group, option in zip(AXES, combo):
+            if option is not None:
+                bed = with_group_option(bed, group, option)
         out.append(bed)
     return out
 
@@ -80,18 +103,23 @@ def cert_requests(cfg: ZklConfig, task, seed: int) -> list[Request]:
     ]
 
 
+def check(cfg: ZklConfig) -> None:
+    """Every config check the run of `cfg` makes, made before any bed starts."""
+    task = build_task(cfg.task, cfg.model.vocab_size)
+    if cfg.cert.steps == 0:
+        longest = max(len(r.prompt) for r in cert_requests(cfg, task, cfg.seed))
+        validate(cfg, len(task.tokenizer), longest + 1 + cfg.sampling.max_new_tokens)
+    else:
+        loop.validate_run(cfg, task)
+
+
 def certify_step0(cfg: ZklConfig) -> dict[str, Any]:
     """Generate under every schedule, score under several groupings, compare every token."""
+    check(cfg)
     task = build_task(cfg.task, cfg.model.vocab_size)
     requests = cert_requests(cfg, task, cfg.seed)
-    validate(
-        cfg,
-        len(task.tokenizer),
-        max(len(r.prompt) for r in requests) + 1 + cfg.sampling.max_new_tokens,
-    )
-    fixes = invariance.resolve(cfg.zero_train_gen_mismatch, vars(cfg.fixes))
     lp_train, lp_gen = [], []
-    with invariance.enabled(fixes):
+    with invariance.enabled(invariance.from_config(cfg)):
         policy = Policy(cfg)
         generator = build_generator(cfg, policy, task.tokenizer.eos_id)
         try:
@@ -117,8 +145,31 @@ def certify_step0(cfg: ZklConfig) -> dict[str, Any]:
             generator.close()
     metrics = mismatch_metrics(torch.cat(lp_train), torch.cat(lp_gen))
     metrics["tokens"] = int(sum(t.numel() for t in lp_gen))
-    metrics["steps"] = 1
+    metrics.update(steps=1, update_norm=None, weight_version=0, reasons=[])
     return metrics
+
+
+def untrained_steps(rows: list[dict[str, Any]]) -> list[str]:
+    """Why steps of a multi-step run certified no refit of new weights (empty: none)."""
+    reasons = []
+    for row, following in itertools.zip_longest(rows, rows[1:]):
+        step = row["step"]
+        if row["rl/zero_adv_frac"] == 1.0:
+            reasons.append(
+                f"every advantage of step {step} was zero (equal rewards in each group), "
+                "so it trained nothing"
+            )
+        elif row["weights/changed_tensors"] == 0:
+            reasons.append(
+                f"the update of step {step} (norm {row['optim/update_norm']:.3g}) changed none "
+                "of the weights the generator gets, e.g. a learning rate below their resolution"
+            )
+        if following is not None and following["gen/weight_version"] != row["weights/version"]:
+            reasons.append(
+                f"step {following['step']} rolled out with weight version "
+                f"{following['gen/weight_version']}, not the refitted {row['weights/version']}"
+            )
+    return reasons
 
 
 def certify_steps(cfg: ZklConfig, run_dir: Path) -> dict[str, Any]:
@@ -132,6 +183,9 @@ def certify_steps(cfg: ZklConfig, run_dir: Path) -> dict[str, Any]:
     metrics["tokens"] = int(sum(r["gen/response_tokens"] for r in rows))
     metrics["steps"] = len(rows)
     metrics["nonzero_steps"] = sum(r["train/max_abs_logprob_diff"] != 0.0 for r in rows)
+    metrics["update_norm"] = min(r["optim/update_norm"] for r in rows)
+    metrics["weight_version"] = rows[-1]["gen/weight_version"]
+    metrics["reasons"] = untrained_steps(rows)
     return metrics
 
 
@@ -141,65 +195,136 @@ def certify(cfg: ZklConfig, run_dir: Path) -> dict[str, Any]:
     return certify_step0(cfg)
 
 
-def with_fix(cfg: ZklConfig, name: str, value: bool) -> ZklConfig:
-    return dataclasses.replace(cfg, fixes=dataclasses.replace(cfg.fixes, **{name: value}))
+@dataclasses.dataclass
+class Run:
+    """One run of the plan: a bed, all fixes on in an ablation mode, or one fix off."""
+
+    bed: str
+    kind: str  # "bed" | "reference" | "ablation"
+    mode: Mode
+    cfg: ZklConfig
+    fix: str | None = None  # the fix an ablation run turns off
+    reference: ZklConfig | None = None  # what an ablation run is judged against
+    refused: str | None = None  # why this machine cannot run an ablation mode of the bed
+
+    @property
+    def variant(self) -> str:
+        return invariance.label(invariance.from_config(self.cfg))
+
+
+def plan(cfg: ZklConfig) -> list[Run]:
+    """Every run, each reference before the runs judged against it; all checked up front."""
+    if cfg.cert.steps == 1:
+        raise ConfigError(
+            "cert.steps=1 certifies no refit (its one rollout sees the initial weights); "
+            "use 0 for step-0 or at least 2."
+        )
+    if cfg.cert.ablate and not invariance.from_config(cfg):
+        raise ConfigError(
+            "cert.ablate=true turns the fixes off one at a time, but none is on; "
+            "set zero_train_gen_mismatch=true."
+        )
+    runs: list[Run] = []
+    for bed in beds(cfg):
+        check(bed)
+        name = bed_name(bed)
+        runs.append(Run(name, "bed", Mode(steps=bed.cert.steps), bed))
+        for fix, mode, reference, off in ablation.variants(bed) if cfg.cert.ablate else []:
+            try:
+                check(reference)
+                refused = None
+            except ConfigError as err:
+                refused = str(err)
+            if not any(r.cfg == reference for r in runs):
+                runs.append(Run(name, "reference", mode, reference, refused=refused))
+            runs.append(Run(name, "ablation", mode, off, fix, reference, refused))
+    return runs
+
+
+def execute(run: Run, run_dir: Path, done: list[tuple[Run, dict[str, Any]]]) -> dict[str, Any]:
+    """Certify one run; its row with a `passed` flag and a `result` in words."""
+    row: dict[str, Any] = {"bed": run.bed, "kind": run.kind, "variant": run.variant}
+    row.update(mode=str(run.mode), fix=run.fix)
+    if run.refused:
+        row.update(passed=False, result=f"cannot run in this mode: {run.refused}")
+        return row
+    row.update(certify(run.cfg, run_dir / "beds" / run.bed / str(run.mode) / run.variant))
+    row["passed"] = row["train/max_abs_logprob_diff"] == 0.0 and not row["reasons"]
+    if run.kind == "ablation":
+        reference = next(ref for r, ref in done if r.kind != "ablation" and r.cfg == run.reference)
+        row["result"] = ablation.verdict(run.fix, run.cfg, row, reference)
+    else:
+        row["result"] = "PASS" if row["passed"] else "FAIL"
+        if row["reasons"]:
+            row["result"] += ": " + row["reasons"][0]
+    return row
+
+
+def progress(message: str) -> None:
+    print(f"zkl.cert {message}", file=sys.stderr, flush=True)
 
 
 def run_cert(cfg: ZklConfig, run_dir: str | Path) -> list[dict[str, Any]]:
-    """Certify every bed (and, with cert.ablate, every bed with each fix off); print a table."""
+    """Certify every bed (with cert.ablate, every fix off in turn); write and print the table."""
     run_dir = Path(run_dir)
-    results = []
-    all_beds = beds(cfg)
-    for bed in all_beds:  # every bed must be valid before any work starts
-        validate(bed)
-    for bed in all_beds:
-        variants = [("all fixes" if bed.zero_train_gen_mismatch else "no fixes", bed)]
-        if cfg.cert.ablate:
-            variants += [(f"-{name}", with_fix(bed, name, False)) for name in invariance.FIXES]
-        for label, variant in variants:
-            slug = f"{bed_name(bed)}/{label}".replace("/", "__").replace(" ", "_")
-            device = resolve_device(variant.device)
+    runs = plan(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    done: list[tuple[Run, dict[str, Any]]] = []
+    with open(run_dir / RESULTS_FILE, "w") as f:  # a row as each run ends
+        for i, run in enumerate(runs, 1):
+            tag = f"[{i}/{len(runs)}] {run.bed} {run.variant} ({run.mode})"
+            progress(f"{tag} ...")
+            device = resolve_device(run.cfg.device)
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             start = time.perf_counter()
-            metrics = certify(variant, run_dir / "beds" / slug)
-            metrics["wall_s"] = time.perf_counter() - start
+            row = execute(run, run_dir, done)
+            row["seconds"] = time.perf_counter() - start
+            memory = ""
             if device.type == "cuda":
-                metrics["peak_gpu_mem_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
-            results.append({"bed": bed_name(bed), "variant": label, **metrics})
-            print(
-                f"[{len(results)}] {bed_name(bed)} {label}: max_abs_diff="
-                f"{metrics['train/max_abs_logprob_diff']:.3g} in {metrics['wall_s']:.1f} s"
-                + (
-                    f", peak GPU memory {metrics['peak_gpu_mem_gb']:.1f} GiB"
-                    if "peak_gpu_mem_gb" in metrics
-                    else ""
-                ),
-                file=sys.stderr,
-                flush=True,
-            )
-    for r in results:
-        r["passed"] = r["train/max_abs_logprob_diff"] == 0.0
-    with open(run_dir / "cert.jsonl", "w") as f:
-        for r in results:
-            f.write(json.dumps(r) + "\n")
-    print(format_table(results, cfg.cert.ablate))
+                row["peak_gpu_mem_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+                memory = f", peak GPU memory {row['peak_gpu_mem_gb']:.1f} GiB"
+            progress(f"{tag}: {row['result']} ({row['seconds']:.1f}s{memory})")
+            done.append((run, row))
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+    results = [row for _, row in done]
+    table = format_table(results)
+    (run_dir / TABLE_FILE).write_text(table + "\n")
+    print(table)
+    print(f"results: {run_dir / RESULTS_FILE} (one JSON object per row), {run_dir / TABLE_FILE}")
     return results
 
 
-def format_table(results: list[dict[str, Any]], ablate: bool) -> str:
-    head = f"{'bed':44} {'variant':30} {'steps':>5} {'tokens':>7} {'max_abs_diff':>12} "
-    head += f"{'gen_kl_error':>12} {'bitwise':>8}  result"
+# (header, row key, width, format); "s" columns are left-aligned
+COLUMNS = [
+    ("bed", "bed", 40, "s"),
+    ("variant", "variant", 32, "s"),
+    ("mode", "mode", 23, "s"),
+    ("steps", "steps", 5, "d"),
+    ("tokens", "tokens", 7, "d"),
+    ("max_abs_diff", "train/max_abs_logprob_diff", 12, ".3g"),
+    ("gen_kl_error", "train/gen_kl_error", 12, ".3g"),
+    ("bitwise", "train/bitwise_equal_frac", 7, ".3f"),
+    ("update_norm", "update_norm", 11, ".3g"),
+    ("version", "weight_version", 7, "d"),
+]
+
+
+def format_table(results: list[dict[str, Any]]) -> str:
+    """One line per row; `update_norm` is the smallest of the bed's steps, `version` the weight
+    version of its last rollout (both `-` / 0 for step-0)."""
+
+    def cell(value: Any, width: int, fmt: str) -> str:
+        text = "-" if value is None else format(value, fmt)
+        return text.ljust(width) if fmt == "s" else text.rjust(width)
+
+    head = " ".join(h.ljust(w) if f == "s" else h.rjust(w) for h, _, w, f in COLUMNS)
+    head += "  result"
     lines = [head, "-" * len(head)]
     for r in results:
-        verdict = "PASS" if r["passed"] else "FAIL"
-        if ablate and r["variant"].startswith("-"):
-            verdict = "no effect on this machine" if r["passed"] else "contributes error"
-        lines.append(
-            f"{r['bed']:44} {r['variant']:30} {r['steps']:>5} {r['tokens']:>7} "
-            f"{r['train/max_abs_logprob_diff']:>12.3g} {r['train/gen_kl_error']:>12.3g} "
-            f"{r['train/bitwise_equal_frac']:>8.3f}  {verdict}"
-        )
+        cells = " ".join(cell(r.get(key), w, f) for _, key, w, f in COLUMNS)
+        lines.append(f"{cells}  {r['result']}")
     return "\n".join(lines)
 
 
@@ -211,7 +336,10 @@ def main(dcfg: DictConfig) -> None:
 def certify_all(dcfg: DictConfig) -> int:
     """The exit code: 0 when every certified bed is exactly zero, else 1."""
     results = run_cert(to_object(dcfg), HydraConfig.get().runtime.output_dir)
-    certified = [r for r in results if not r["variant"].startswith("-")]
+    certified = [r for r in results if r["kind"] == "bed"]
+    if not certified:
+        print("zkl.cert: no bed ran, so nothing is certified.", file=sys.stderr)
+        return 1
     return 0 if all(r["passed"] for r in certified) else 1
 
 

@@ -10,7 +10,7 @@ misspelt key fails with Hydra's own error (and one added with `+`, in `to_object
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
@@ -112,12 +112,14 @@ class TrackingConfig:
 
 @dataclass
 class CertConfig:
-    steps: int = 0  # 0: step-0 certification; N: N real GRPO steps per bed
+    """The bed axes: null certifies the config's own group; a list, one bed per option."""
+
+    steps: int = 0  # 0: step-0 certification; N (>= 2): N real GRPO steps per bed
     ablate: bool = False
-    models: list[str] = field(default_factory=lambda: ["tiny_dense", "tiny_moe"])
-    precisions: list[str] = field(default_factory=lambda: ["bf16", "mxfp8"])
-    layouts: list[str] = field(default_factory=lambda: ["colocated"])
-    kv: list[str] = field(default_factory=lambda: ["recompute", "persist"])
+    models: list[str] | None = None
+    precisions: list[str] | None = None
+    layouts: list[str] | None = None
+    kv: list[str] | None = None
 
 
 @dataclass
@@ -195,7 +197,7 @@ def compose(overrides: list[str] | None = None) -> ZklConfig:
 
 
 def load_group_option(cfg: ZklConfig, group: str, option: str) -> ZklConfig:
-    """`cfg` with `conf/<group>/<option>.yaml` merged in (how cert builds its beds)."""
+    """`cfg` with its `group` replaced by the schema defaults and `conf/<group>/<option>.yaml`."""
     path = os.path.join(CONF_DIR, group, f"{option}.yaml")
     if not os.path.exists(path):
         choices = sorted(p[:-5] for p in os.listdir(os.path.join(CONF_DIR, group)))
@@ -207,6 +209,31 @@ def load_group_option(cfg: ZklConfig, group: str, option: str) -> ZklConfig:
         OmegaConf.structured(type(getattr(cfg, group))), OmegaConf.load(path)
     )
     return OmegaConf.to_object(base)
+
+
+# The key that names a group's option (`model=tiny_moe` sets model.name; `kv=persist` kv.mode).
+OPTION_KEY = {"model": "name", "precision": "name", "layout": "name", "kv": "mode"}
+
+
+def with_group_option(cfg: ZklConfig, group: str, option: str) -> ZklConfig:
+    """`cfg` with `conf/<group>/<option>.yaml` as its `group`, keeping the user's own edits.
+
+    An edit is a key of the group whose value differs from the YAML of the user's option
+    (e.g. `model.num_hidden_layers=4`); it holds for every option, as it would with
+    `python -m zkl <group>=<option>` and the same overrides. How cert builds its beds.
+    """
+    user = getattr(cfg, group)
+    try:
+        stock = getattr(load_group_option(cfg, group, getattr(user, OPTION_KEY[group])), group)
+    except ConfigError:  # a group built by hand on the command line: edits of the schema
+        stock = type(user)()
+    edits = {
+        f.name: getattr(user, f.name)
+        for f in fields(user)
+        if f.name != OPTION_KEY[group] and getattr(user, f.name) != getattr(stock, f.name)
+    }
+    bed = load_group_option(cfg, group, option)
+    return replace(bed, **{group: replace(getattr(bed, group), **edits)})
 
 
 def _positive(value: float, key: str) -> None:
@@ -223,6 +250,12 @@ def validate(
         validate_model(cfg.model)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    checkpoint = cfg.model.checkpoint
+    if checkpoint and not (Path(checkpoint) / "config.json").is_file():
+        raise ConfigError(
+            f"model.checkpoint={checkpoint!r} is not a checkpoint directory with a config.json; "
+            "fix the path or set model.checkpoint=null for seeded random weights."
+        )
     if cfg.precision.compute_dtype not in ("bfloat16", "float32"):
         raise ConfigError(
             f"precision.compute_dtype={cfg.precision.compute_dtype!r} must be bfloat16 or float32."

@@ -107,6 +107,11 @@ def resolve(zero_train_gen_mismatch: bool, overrides: Mapping[str, bool | None])
     return frozenset(on)
 
 
+def from_config(cfg) -> frozenset[str]:
+    """The fixes a ZklConfig turns on: its master switch, then its `fixes.<name>` overrides."""
+    return resolve(cfg.zero_train_gen_mismatch, vars(cfg.fixes))
+
+
 @contextlib.contextmanager
 def enabled(names: Iterable[str]) -> Iterator[frozenset[str]]:
     """Turn exactly `names` on for the duration of the block; the previous set comes back."""
@@ -131,3 +136,17 @@ def is_enabled(name: str) -> bool:
 
 def active() -> frozenset[str]:
     return _active
+
+
+def label(on: Iterable[str]) -> str:
+    """A name for a set of fixes, fit for folders and W&B groups: `all_fixes`, `no_fixes`,
+    `minus_<a>+<b>` (those off) or, when fewer are on than off, `only_<a>+<b>`."""
+    on = set(on)
+    off = [name for name in FIXES if name not in on]
+    if not off:
+        return "all_fixes"
+    if not on:
+        return "no_fixes"
+    if len(on) < len(off):
+        return "only_" + "+".join(name for name in FIXES if name in on)
+    return "minus_" + "+".join(off)

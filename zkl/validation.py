@@ -83,7 +83,8 @@ def check_limits(cfg: Any) -> None:
             f"{MAX_TIMEOUT_S:g} (a day)."
         )
     for axis in ("models", "precisions", "layouts", "kv"):
-        if not getattr(cfg.cert, axis):
+        values = getattr(cfg.cert, axis)
+        if values is not None and not values:  # null: the config's own option
             raise ConfigError(f"cert.{axis} is empty, so nothing would be certified; name one.")
     if cfg.num_threads > MAX_THREADS:
         raise ConfigError(f"num_threads={cfg.num_threads} must be at most {MAX_THREADS}.")

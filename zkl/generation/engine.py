@@ -52,6 +52,9 @@ class EngineStats:
     prefix_hit_tokens: int = 0
     generated_tokens: int = 0
     decode_s: float = 0.0  # wall time of decode steps, up to the host's look at finished rows
+    # The schedule's shape, so a test can see the batches are not lockstep waves.
+    ragged_prefills: int = 0  # prefill batches whose rows have different lengths
+    joined_running: int = 0  # requests admitted while others were mid-decode
 
 
 class SlotState:
@@ -175,6 +178,7 @@ class GenerationEngine:
                 while waiting and free:
                     admitted.append((free.pop(), waiting.popleft()))
                 if admitted:
+                    self.stats.joined_running += len(admitted) if running else 0
                     self._prefill(cache, state, admitted)
                     running.update(admitted)
                     self._retire(state, running, free, done)
@@ -251,6 +255,7 @@ class GenerationEngine:
                 ending_t = torch.tensor(ending, device=device)
                 final_logits[ending_t] = logits[ending_t]
         self.stats.prefill_tokens += sum(lengths)
+        self.stats.ragged_prefills += int(len(set(lengths)) > 1)
         requests = [r for _, r in admitted]
         state.admit(slots, requests, [len(r.prompt) - 1 for r in requests])
         self._sample(state, slots, final_logits)

@@ -27,6 +27,7 @@ from zkl.scoring import score
 from zkl.tracking.run_log import RunLog, read_metrics
 
 TIMING_PREFIXES = ("timing/", "perf/")
+_INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 @dataclass
@@ -50,6 +51,12 @@ def make_requests(cfg: ZklConfig, task, step: int) -> tuple[list, list[Request]]
     return problems, requests
 
 
+def arrival_order(requests: list[Request], group: int) -> list[Request]:
+    """Sample g of every prompt before sample g + 1 of any: batches mix prompts of different
+    lengths, as a rollout service sees them (results never depend on the order)."""
+    return sorted(requests, key=lambda r: (r.request_id % group, r.request_id))
+
+
 def token_records(step: int, completions, lp_train, rewards, limit: str) -> list[dict[str, Any]]:
     count = len(completions) if limit == "all" else min(int(limit), len(completions))
     return [
@@ -64,6 +71,20 @@ def token_records(step: int, completions, lp_train, rewards, limit: str) -> list
         }
         for c, lp, r in zip(completions[:count], lp_train[:count], rewards[:count])
     ]
+
+
+def weight_digests(state: dict[str, torch.Tensor]) -> torch.Tensor:
+    """[num_tensors, 2] int64 fingerprints of each tensor's bits: their sum and sum of squares.
+
+    Equal bits give equal rows, so an update that leaves the weights a refit sends unchanged
+    (all advantages zero, a learning rate below bf16's resolution) shows as no changed row;
+    the certificate fails such a step. Cheaper than keeping a copy of the weights.
+    """
+    rows = []
+    for t in state.values():
+        bits = t.detach().reshape(-1).view(_INT_OF_SIZE[t.element_size()]).long()
+        rows.append(torch.stack([bits.sum(), (bits * bits).sum()]))
+    return torch.stack(rows)
 
 
 def validate_run(cfg: ZklConfig, task) -> None:
@@ -116,7 +137,8 @@ def train_step(cfg: ZklConfig, task, policy: Policy, generator, step: int, log: 
     """rollout -> score -> metrics -> update -> refit, logged before returning."""
     problems, requests = make_requests(cfg, task, step)
     t0 = time.perf_counter()
-    completions, stats = generator.generate(requests)
+    completions, stats = generator.generate(arrival_order(requests, cfg.rl.samples_per_prompt))
+    completions.sort(key=lambda c: c.request_id)  # back to request order: groups of G
     t1 = time.perf_counter()
     prompts = [c.prompt for c in completions]
     responses = [c.tokens for c in completions]
@@ -128,8 +150,11 @@ def train_step(cfg: ZklConfig, task, policy: Policy, generator, step: int, log: 
     group = cfg.rl.samples_per_prompt
     rewards = [task.reward(problems[i // group], c.tokens) for i, c in enumerate(completions)]
     reward_t = torch.tensor(rewards)
-    batch = UpdateBatch(prompts, responses, lp_train, group_advantages(reward_t, group), temps)
+    advantages = group_advantages(reward_t, group)
+    batch = UpdateBatch(prompts, responses, lp_train, advantages, temps)
+    digests = weight_digests(policy.refit_state())
     row.update(policy.update(batch))
+    changed = (weight_digests(policy.refit_state()) != digests).any(-1)
     t3 = time.perf_counter()
     generator.refit(policy.refit_state(), policy.version)
     t4 = time.perf_counter()
@@ -143,7 +168,12 @@ def train_step(cfg: ZklConfig, task, policy: Policy, generator, step: int, log: 
             "gen/response_tokens": num_tokens,
             "gen/decode_steps": stats.decode_steps,
             "gen/prefix_hit_tokens": stats.prefix_hit_tokens,
+            "gen/ragged_prefills": stats.ragged_prefills,
+            "gen/joined_running": stats.joined_running,
+            "gen/weight_version": min(c.weight_version for c in completions),
+            "rl/zero_adv_frac": (advantages == 0).float().mean().item(),
             "weights/version": policy.version,
+            "weights/changed_tensors": int(changed.sum()),
             "timing/gen_s": t1 - t0,
             "timing/score_s": t2 - t1,
             "timing/update_s": t3 - t2,

@@ -1,10 +1,14 @@
 """The built-in verifiable tasks.
 
 `add` (the CPU default): add two digits; a character tokenizer ships with it. Every prompt
-starts with the same system text (two full 16-token blocks), so the prefix
-cache has real hits. The reward gives partial credit for the format, so a tiny random model
-finds signal in its first steps: 1.0 for exactly the sum then EOS, 0.5 for a response that
-starts with the right digit, 0.2 for one that starts with any digit, else 0.
+starts with the same system text (two full 16-token blocks), so the prefix cache has real
+hits; a question phrase of varied length follows, so prompts differ in length and prefill
+batches are ragged, while the operands always sit just before the final `=`. The reward
+gives partial credit for the format, so a tiny random model finds signal in its first steps:
+1.0 for exactly the sum then EOS, 0.5 for a response that starts with the right digit, 0.2
+for one that starts with any digit, else 0.
+
+`residue` (the GPU shapes): tokens over the model's whole vocabulary (ResidueTask).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from zkl.errors import ConfigError
 PAD, EOS = "<pad>", "<eos>"
 CHARS = "0123456789+=?:. \nabcdefghijklmnopqrstuvwxyz"
 SYSTEM = "sum the two digits. reply digits.\n"
+PHRASES = ("", "q: ", "add ")  # between SYSTEM and "a+b="; 42 tokens at most
 
 
 class CharTokenizer:
@@ -44,6 +49,7 @@ class CharTokenizer:
 class Problem:
     a: int
     b: int
+    phrase: str = ""
 
     @property
     def answer(self) -> str:
@@ -56,16 +62,19 @@ class AddTask:
         self.tokenizer = CharTokenizer()
 
     def prompt(self, problem: Problem) -> list[int]:
-        return self.tokenizer.encode(f"{SYSTEM}{problem.a}+{problem.b}=")
+        return self.tokenizer.encode(f"{SYSTEM}{problem.phrase}{problem.a}+{problem.b}=")
 
     @property
     def max_prompt_len(self) -> int:
-        return len(self.prompt(Problem(0, 0)))
+        return max(len(self.prompt(Problem(0, 0, phrase))) for phrase in PHRASES)
 
     def problems(self, seed: int, step: int, count: int) -> list[Problem]:
         rng = random.Random(seed * 1_000_003 + step)
         top = self.max_operand
-        return [Problem(rng.randint(0, top), rng.randint(0, top)) for _ in range(count)]
+        return [
+            Problem(rng.randint(0, top), rng.randint(0, top), rng.choice(PHRASES))
+            for _ in range(count)
+        ]
 
     def varied_prompts(self, seed: int, count: int) -> list[list[int]]:
         """Prompts of varied length behind the shared system prefix (certification)."""

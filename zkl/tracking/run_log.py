@@ -19,6 +19,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from zkl import invariance
 from zkl.errors import ConfigError, RunFault
 
 METRICS_FILE = "metrics.jsonl"
@@ -27,8 +28,12 @@ CONFIG_FILE = "config.yaml"
 
 
 def axes(cfg) -> dict[str, str]:
-    """The sweep axes of a run: what a comparison groups by."""
-    return {
+    """The sweep axes of a run: what a comparison groups by.
+
+    `fixes` appears when `fixes.<name>` overrides leave another set on than the mode's own,
+    e.g. `minus_kv_invalidate_on_refit`, so the runs of an ablation land in distinct groups.
+    """
+    ax = {
         "model": cfg.model.name,
         "layout": cfg.layout.name,
         "engine": cfg.engine.name,
@@ -36,6 +41,17 @@ def axes(cfg) -> dict[str, str]:
         "kv": cfg.kv.mode,
         "mode": "zero" if cfg.zero_train_gen_mismatch else "default",
     }
+    on = invariance.from_config(cfg)
+    if on != invariance.resolve(cfg.zero_train_gen_mismatch, {}):
+        ax["fixes"] = invariance.label(on)
+    return ax
+
+
+def tags(cfg) -> list[str]:
+    """`axis:value` for every axis, `fix_off:<name>` for every fix off, then the user's tags."""
+    on = invariance.from_config(cfg)
+    off = [f"fix_off:{name}" for name in invariance.FIXES if name not in on]
+    return [f"{k}:{v}" for k, v in axes(cfg).items()] + off + list(cfg.tracking.wandb.tags)
 
 
 class RunLog:
@@ -68,13 +84,12 @@ class RunLog:
                 os.environ.setdefault(key, value)
             import wandb
 
-            ax = axes(cfg)
             self._wandb = wandb.init(
                 mode=wb.mode,
                 project=wb.project,
                 entity=wb.entity,
-                group=wb.group or "-".join(ax.values()),
-                tags=[f"{k}:{v}" for k, v in ax.items()] + list(wb.tags),
+                group=wb.group or "-".join(axes(cfg).values()),
+                tags=tags(cfg),
                 config=resolved,
                 dir=str(self.run_dir),
                 id=wandb_id,

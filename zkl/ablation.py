@@ -1,0 +1,89 @@
+"""What each fix contributes: `python -m zkl.cert cert.ablate=true` turns one fix off at a time.
+
+A fix can only show where its source of mismatch is exercised, so each runs in a mode that
+can expose it: the kernel fixes on the step-0 schedules (batches that change size and mix
+prompt lengths); `batch_invariant_gemm` in fp32 (on this CPU bf16 GEMM rows depend on the
+row count only for some shapes, none of tiny_moe's, fp32 ones for more); the refit fixes
+in a run of at least two steps with kv=persist and precision=mxfp8 (a prefix cache and
+quantized weights that outlive a refit). Every row names its mode and is judged against all
+fixes on in that same mode; a fix that shows nothing says why where the reason is known.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from zkl import invariance
+from zkl.config import ZklConfig, with_group_option
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How a run is certified: step-0 schedules or N GRPO steps, and what it changes."""
+
+    steps: int = 0  # 0: step-0 schedules; N: N GRPO steps with updates and refits
+    precision: str | None = None  # None: the bed's own
+    kv: str | None = None
+
+    def __str__(self) -> str:
+        parts = ["step0" if self.steps == 0 else f"steps{self.steps}"]
+        parts += [p for p in (self.precision, self.kv and f"kv_{self.kv}") if p]
+        return "-".join(parts)
+
+
+def mode_for(fix: str, cert_steps: int) -> Mode:
+    """The mode that can expose `fix`."""
+    if fix == "batch_invariant_gemm":
+        return Mode(precision="fp32")
+    if fix in ("kv_invalidate_on_refit", "quantized_weight_refresh", "refit_exactness"):
+        return Mode(steps=max(2, cert_steps), precision="mxfp8", kv="persist")
+    return Mode()
+
+
+def in_mode(bed: ZklConfig, mode: Mode) -> ZklConfig:
+    cfg = bed
+    if mode.precision:
+        cfg = with_group_option(cfg, "precision", mode.precision)
+    if mode.kv:
+        cfg = with_group_option(cfg, "kv", mode.kv)
+    return dataclasses.replace(cfg, cert=dataclasses.replace(cfg.cert, steps=mode.steps))
+
+
+def variants(bed: ZklConfig) -> list[tuple[str, Mode, ZklConfig, ZklConfig]]:
+    """(fix, mode, all of the bed's fixes in that mode, the same with `fix` off) per fix on."""
+    out = []
+    for fix in invariance.FIXES:
+        if fix in invariance.from_config(bed):
+            mode = mode_for(fix, bed.cert.steps)
+            reference = in_mode(bed, mode)
+            off = dataclasses.replace(reference.fixes, **{fix: False})
+            out.append((fix, mode, reference, dataclasses.replace(reference, fixes=off)))
+    return out
+
+
+def why_no_effect(fix: str, cfg: ZklConfig) -> str | None:
+    """The known reason `fix` cannot show in this run of the CPU engine, if there is one."""
+    if fix == "moe_combine_order" and not cfg.model.is_moe:
+        return f"{cfg.model.name} has no MoE layer"
+    if fix == "moe_combine_order":
+        return "the CPU engine adds expert outputs in one fixed dispatch order on both paths"
+    if fix == "batch_invariant_reductions":
+        return (
+            "the CPU splits a row sum by shape only for rows of about 65,536 elements on "
+            f"several threads; this model's norm rows have {cfg.model.hidden_size}"
+        )
+    return None
+
+
+def verdict(fix: str, cfg: ZklConfig, row: dict[str, Any], reference: dict[str, Any]) -> str:
+    """What turning `fix` off did in `row`, against all fixes on in the same mode."""
+    if not reference["passed"]:
+        return "unattributable: all fixes on is not exact in this mode"
+    if row["train/max_abs_logprob_diff"] != 0.0:
+        return "contributes error"
+    if row["reasons"]:
+        return f"inconclusive: {row['reasons'][0]}"
+    reason = why_no_effect(fix, cfg)
+    return f"no effect: {reason}" if reason else "no effect in this mode"

@@ -17,7 +17,7 @@ from conftest import make_cfg
 
 from zkl import memory
 from zkl.config import ConfigError, ZklConfig, validate
-from zkl.validation import INT_MAX, leaves
+from zkl.validation import INT_MAX, default_positions, leaves
 
 REPO = Path(__file__).resolve().parent.parent
 RUNNER = REPO / "tests" / "entry_runner.py"
@@ -142,7 +142,8 @@ def test_real_models_validate_when_memory_fits(roomy):
 def test_a_model_too_large_for_the_machine_names_the_estimate(monkeypatch):
     monkeypatch.setattr(memory, "available_bytes", lambda: 24 * 10**9)
     message = refusal(["model=qwen3_30b_a3b"])
-    estimate = sum(memory.estimate(make_cfg("model=qwen3_30b_a3b"), 44).values()) / 1e9
+    cfg = make_cfg("model=qwen3_30b_a3b")
+    estimate = sum(memory.estimate(cfg, default_positions(cfg)).values()) / 1e9
     assert f"needs about {estimate:.1f} GB" in message and "24.0 GB free" in message
     assert "model=" in message and "weights and optimizer state" in message
 
@@ -219,7 +220,7 @@ def test_entry_points_refuse_before_work(module, overrides, key, tmp_path):
 
 def test_a_30b_model_on_a_small_machine_is_refused_with_the_estimate(tmp_path):
     cfg = make_cfg("model=qwen3_30b_a3b")
-    needed = sum(memory.estimate(cfg, 44).values())
+    needed = sum(memory.estimate(cfg, default_positions(cfg)).values())
     if memory.available_bytes() >= needed:
         pytest.skip(f"this machine has the {needed / 1e9:.0f} GB the 30B run needs")
     out = run_entry("zkl", ["model=qwen3_30b_a3b"], tmp_path / "run")

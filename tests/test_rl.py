@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import SMALL, make_cfg
 
+from zkl.invariance import FIXES
 from zkl.rl.grpo import clipped_pg_loss, group_advantages
 from zkl.rl.loop import TIMING_PREFIXES, run
 from zkl.tracking.run_log import read_metrics
@@ -170,4 +171,4 @@ def test_wandb_group_and_tags_name_the_fixes_off():
     assert axes(two) != axes(make_cfg("fixes.logprob_path=false"))
     default = make_cfg("zero_train_gen_mismatch=false")
     assert "fixes" not in axes(default) and axes(default)["mode"] == "default"
-    assert len([t for t in tags(default) if t.startswith("fix_off:")]) == 8
+    assert len([t for t in tags(default) if t.startswith("fix_off:")]) == len(FIXES)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from zkl.cli import guarded
@@ -23,8 +24,9 @@ def experiment(dcfg: DictConfig) -> None:
     clear_error(run_dir)
     try:
         rows = run(to_object(dcfg), run_dir)
-    except Exception as err:  # the sentence goes to error.txt for the comparison report
-        record_error(run_dir, err)
+    except Exception as err:  # a sweep job's sentence goes to error.txt for the report
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            record_error(run_dir, err)
         raise
     last = rows[-1]
     print(

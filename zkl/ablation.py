@@ -65,6 +65,8 @@ def variants(bed: ZklConfig) -> list[tuple[str, Mode, ZklConfig, ZklConfig]]:
 
 def why_no_effect(fix: str, cfg: ZklConfig) -> str | None:
     """The known reason `fix` cannot show in this run of the CPU engine, if there is one."""
+    if fix == "mamba_chunked_decode" and "M" not in (cfg.model.hybrid_override_pattern or ""):
+        return f"{cfg.model.name} has no Mamba layer"
     if fix == "moe_combine_order" and not cfg.model.is_moe:
         return f"{cfg.model.name} has no MoE layer"
     if fix == "moe_combine_order":

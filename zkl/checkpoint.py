@@ -145,7 +145,7 @@ def prepare(cfg: ZklConfig, run_dir: str | Path) -> Resume:
     restarted = requeued_by_slurm() or (in_submitit and state is not None and state["requeue"])
     if not (cfg.resume or restarted):
         metrics = run_dir / METRICS_FILE
-        if metrics.exists() and metrics.stat().st_size:
+        if metrics.is_file() and metrics.stat().st_size:  # not a file: the writer says why
             raise ConfigError(
                 f"{run_dir} already holds {METRICS_FILE}: pass resume=true to continue that "
                 "run, or choose another hydra.run.dir."

@@ -250,12 +250,6 @@ def validate(
         validate_model(cfg.model)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    checkpoint = cfg.model.checkpoint
-    if checkpoint and not (Path(checkpoint) / "config.json").is_file():
-        raise ConfigError(
-            f"model.checkpoint={checkpoint!r} is not a checkpoint directory with a config.json; "
-            "fix the path or set model.checkpoint=null for seeded random weights."
-        )
     if cfg.precision.compute_dtype not in ("bfloat16", "float32"):
         raise ConfigError(
             f"precision.compute_dtype={cfg.precision.compute_dtype!r} must be bfloat16 or float32."

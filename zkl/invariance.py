@@ -108,8 +108,13 @@ def resolve(zero_train_gen_mismatch: bool, overrides: Mapping[str, bool | None])
 
 
 def from_config(cfg) -> frozenset[str]:
-    """The fixes a ZklConfig turns on: its master switch, then its `fixes.<name>` overrides."""
-    return resolve(cfg.zero_train_gen_mismatch, vars(cfg.fixes))
+    """The fixes a config turns on: its master switch, then its `fixes.<name>` overrides.
+
+    Takes the typed ZklConfig or a DictConfig read back from a run's config.yaml.
+    """
+    fixes = cfg.fixes
+    overrides = dict(fixes.items()) if hasattr(fixes, "items") else vars(fixes)
+    return resolve(cfg.zero_train_gen_mismatch, overrides)
 
 
 @contextlib.contextmanager

@@ -23,7 +23,8 @@ from zkl.report.tables import ablation, all_tables, ordered
 PALETTE = qualitative.Dark24
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 24px; color: #222; }
-table { border-collapse: collapse; margin: 8px 0 4px; font-size: 13px; }
+table { border-collapse: collapse; margin: 8px 0 4px; font-size: 13px; display: block;
+        max-width: 100%; overflow-x: auto; }
 th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: left; }
 th { background: #f2f2f2; }
 td[data-value] { text-align: right; font-variant-numeric: tabular-nums; }

@@ -5,6 +5,8 @@
 # beds:   step-0 + 10-step cert beds of every model, bf16 and mxfp8, both kv modes; default mode
 # final:  on the final code: GPU tests, the remaining big-bed runs, the hybrid rows (issue 13)
 # extra:  dedicated on one GPU (1.5B), ablation on the 1.5B shape, CPU vs CUDA comparison
+# two:    on nvidia-h200-x2, the generator on the second GPU (layout.backend=nccl): the
+#         multi-GPU tests, 10-step 1.5B beds, default mode, refit GB/s against the NCCL peak
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
@@ -104,5 +106,15 @@ extra)
   cert /tmp/ab15 $BIG $M15 "cert.models=[qwen2_5_1_5b]" "cert.precisions=[bf16]" "cert.kv=[recompute]" cert.ablate=true
   cert /tmp/ab15_2 $BIG $M15 "cert.models=[qwen2_5_1_5b]" "cert.precisions=[mxfp8]" "cert.kv=[persist]" cert.ablate=true cert.steps=2
   log compare; timeout 120 python3 scripts/compare_devices.py --out "$OUT/compare_devices.json"
+  ;;
+two)
+  nvidia-smi -L
+  log pytest; timeout 240 python3 -m pytest -m gpu -q -rfE tests/test_multi_gpu.py 2>&1 | tail -20
+  N="+layout=dedicated layout.backend=nccl device=cuda:0 $M15 cert.models=[qwen2_5_1_5b]"
+  cert /tmp/n15 $BIG $N cert.precisions=[bf16,mxfp8] cert.kv=[recompute,persist] cert.steps=10
+  cert /tmp/n15d $BIG $N cert.steps=2 zero_train_gen_mismatch=false
+  log bench; timeout 300 python3 -m zkl.bench $Q $BIG $N hydra.run.dir=/tmp/nb
+  cp /tmp/n15/cert.jsonl "$OUT/n15.jsonl"; cp /tmp/n15d/cert.jsonl "$OUT/n15d.jsonl"
+  cp /tmp/nb/bench.json "$OUT/bench_nccl.json"
   ;;
 esac

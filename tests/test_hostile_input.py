@@ -163,11 +163,11 @@ def test_the_estimate_counts_the_model_parameters_exactly():
 def test_a_cuda_run_is_checked_against_the_device(monkeypatch):
     monkeypatch.setattr(memory, "device_of", lambda cfg: "cuda")
     monkeypatch.setattr(memory.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(memory.torch.cuda, "mem_get_info", lambda: (2 * 10**9, 80 * 10**9))
+    monkeypatch.setattr(memory.torch.cuda, "mem_get_info", lambda *device: (2 * 10**9, 80 * 10**9))
     monkeypatch.setattr(memory, "available_bytes", lambda: HUGE)
     message = refusal(["model=qwen2_5_1_5b"])
     assert "the GPU has 2.0 GB free" in message
-    monkeypatch.setattr(memory.torch.cuda, "mem_get_info", lambda: (HUGE, HUGE))
+    monkeypatch.setattr(memory.torch.cuda, "mem_get_info", lambda *device: (HUGE, HUGE))
     validate(make_cfg("model=qwen2_5_1_5b"))
 
 

@@ -26,8 +26,10 @@ from zkl.tracking.wandb_reader import read_history, read_run_info
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["rl.prompts_per_step=2", "rl.samples_per_prompt=2", "tracking.progress=false"]
 ONE_BED = ["model=tiny_dense", "+layout=colocated"]
-# Over 30 s of steps: longer than the first USR2 of a 1-minute time limit can take to come.
-LONG = [*ONE_BED, "+precision=bf16", "kv=recompute", "rl.steps=200", "checkpoint.every=5"]
+# slurmctld checks time limits (and sends their warning signal) every 30 s, so the USR2 of a
+# 1-minute limit may come 31 s after the start: the job must run well past that. 200 steps
+# took 20 s on a fast 2-core machine and the job finished unsignalled; 800 take over 60 s.
+LONG = [*ONE_BED, "+precision=bf16", "kv=recompute", "rl.steps=800", "checkpoint.every=5"]
 LONG += ["num_threads=1", *TINY]
 
 

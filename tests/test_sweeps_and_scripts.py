@@ -73,8 +73,10 @@ def _launcher(*overrides: str) -> dict:
 
 def test_launcher_presets_compose():
     """slurm and local presets resolve; slurm_gpu asks for the GPUs each layout needs."""
-    for layout, backend, gpus in (("colocated", "auto", 1), ("dedicated", "auto", 1)):
-        launcher = _launcher("hydra/launcher=slurm_gpu", f"+layout={layout}")
+    cases = (("colocated", "auto", 1), ("dedicated", "auto", 1), ("dedicated", "nccl", 2))
+    for layout, backend, gpus in cases:
+        args = (f"+layout={layout}", f"layout.backend={backend}")
+        launcher = _launcher("hydra/launcher=slurm_gpu", *args)
         assert launcher["gpus_per_node"] == gpus, (layout, backend)
     slurm = _launcher("hydra/launcher=slurm", "hydra.launcher.partition=cpu")
     assert slurm["_target_"].endswith("submitit_launcher.SlurmLauncher")

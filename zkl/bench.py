@@ -3,8 +3,11 @@
 Generation and scoring of the same rollout batch with every fix on and with every fix off,
 interleaved REPEATS (5) times; reports tokens/s of each and the ratio. For a model with
 Mamba layers a third mode, every fix but `mamba_chunked_decode`, isolates what that fix
-costs decode (decode tokens/s: decode steps only, prefill excluded). The same Hydra
-config and overrides as `python -m zkl`.
+costs decode (decode tokens/s: decode steps only, prefill excluded). With
+`+layout=dedicated` it also times REPEATS refits to the generation process (GB/s of the
+refit buffer) against the transport's own bandwidth between the two sides, measured in the
+same run with buffers of the same size. The same Hydra config and overrides as
+`python -m zkl`.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from omegaconf import DictConfig
 from zkl import invariance
 from zkl.cli import guarded
 from zkl.config import CONF_DIR, ZklConfig, to_object
-from zkl.layouts import build_engine
+from zkl.layouts import build_engine, build_generator, refit_payload
+from zkl.precision import DTYPES
 from zkl.rl.loop import make_requests, validate_run
 from zkl.rl.policy import Policy
 from zkl.rl.task import build_task
@@ -48,6 +52,52 @@ def measure(
     return gen_tokens / (t1 - t0), scored / (t2 - t1), decoded / engine.stats.decode_s
 
 
+def measure_refit(cfg: ZklConfig, policy: Policy, eos_id: int) -> dict[str, float]:
+    """Refit GB/s to the dedicated generator, median of REPEATS, and the transport's peak.
+
+    A refit is timed as the training loop times it (`timing/refit_s`): packing, the
+    transfer, the generator's load and its ack. The peak is `probe`: bare broadcasts of a
+    buffer of the same size (gloo on the CPU, NCCL between two GPUs); CUDA IPC on one GPU
+    has no broadcast to compare against.
+    """
+    with invariance.enabled(frozenset(invariance.FIXES)):  # zero mode's exact refit
+        return _measure_refit(cfg, policy, eos_id)
+
+
+def _measure_refit(cfg: ZklConfig, policy: Policy, eos_id: int) -> dict[str, float]:
+    from zkl.layouts.dedicated import BROADCAST
+
+    state = policy.refit_state()
+    nbytes = sum(
+        t.numel() * t.element_size() for t in refit_payload(state, _gen_dtype(cfg)).values()
+    )
+    generator = build_generator(cfg, policy, eos_id)
+    try:
+        generator.refit(state, policy.version)  # warm-up: buffers and the first connection
+        seconds = []
+        for _ in range(REPEATS):
+            t0 = time.perf_counter()
+            generator.refit(state, policy.version)
+            seconds.append(time.perf_counter() - t0)
+        result = {
+            "refit/bytes": nbytes,
+            "refit/gb_per_s": nbytes / statistics.median(seconds) / 1e9,
+        }
+        if generator.transport in BROADCAST:
+            generator.probe(nbytes, 1)  # warm-up
+            result["refit/peak_gb_per_s"] = generator.probe(nbytes, REPEATS)
+            result["ratio/refit_over_peak"] = (
+                result["refit/gb_per_s"] / result["refit/peak_gb_per_s"]
+            )
+    finally:
+        generator.close()
+    return result
+
+
+def _gen_dtype(cfg: ZklConfig) -> torch.dtype:
+    return DTYPES[cfg.precision.compute_dtype]
+
+
 def run_bench(cfg: ZklConfig, run_dir: str | Path) -> dict[str, float]:
     task = build_task(cfg.task, cfg.model.vocab_size)
     validate_run(cfg, task)
@@ -67,6 +117,8 @@ def run_bench(cfg: ZklConfig, run_dir: str | Path) -> dict[str, float]:
         result[f"{mode}/gen_tokens_per_s"] = statistics.median(s[0] for s in samples[mode])
         result[f"{mode}/score_tokens_per_s"] = statistics.median(s[1] for s in samples[mode])
         result[f"{mode}/decode_tokens_per_s"] = statistics.median(s[2] for s in samples[mode])
+    if cfg.layout.name == "dedicated":
+        result.update(measure_refit(cfg, policy, task.tokenizer.eos_id))
     for kind in ("gen", "score"):
         key = f"{kind}_tokens_per_s"
         result[f"ratio/{kind}_zero_over_default"] = result[f"zero/{key}"] / result[f"default/{key}"]

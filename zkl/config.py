@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from zkl.checkpoint_check import check_checkpoint
 from zkl.config_keys import reject_unknown_keys
-from zkl.device import check_device, resolve_device
+from zkl.device import check_device, generator_device, resolve_device
 from zkl.errors import ConfigError
 from zkl.invariance import FIXES
 from zkl.memory import check_memory
@@ -42,8 +42,12 @@ class LayoutConfig:
     name: str = "colocated"  # colocated | dedicated
     # How the dedicated refit moves weights: gloo (torch.distributed, CPU), cuda_ipc (one
     # GPU shared by both processes: device memory handed over, no host round trip), nccl
-    # (separate GPUs); auto: gloo on the CPU, cuda_ipc on CUDA.
+    # (the generator on a GPU of its own, broadcast over NCCL); auto: gloo on the CPU,
+    # cuda_ipc on CUDA.
     backend: str = "auto"
+    # The generator's GPU with backend=nccl (null: the GPU after the trainer's `device`);
+    # the other backends keep the generator on the trainer's device.
+    generator_device: str | None = None
     timeout_s: float = 600.0
 
 
@@ -296,11 +300,7 @@ def validate(
         raise ConfigError(
             f"layout.backend={cfg.layout.backend!r} must be auto, gloo, cuda_ipc or nccl."
         )
-    if cfg.layout.backend == "nccl":
-        raise ConfigError(
-            "layout.backend=nccl (generator on its own GPU) is not available yet; use "
-            "layout.backend=auto (gloo on the CPU, cuda_ipc on one GPU)."
-        )
+    generator_device(cfg)  # raises the sentence for a backend / GPU combination that cannot run
     if cfg.layout.backend == "cuda_ipc" and not on_cuda:
         raise ConfigError("layout.backend=cuda_ipc needs device=cuda; use gloo on the CPU.")
     if cfg.layout.backend == "gloo" and on_cuda and cfg.layout.name == "dedicated":

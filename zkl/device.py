@@ -28,3 +28,50 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", torch.cuda.current_device())
     return device
+
+
+def generator_device(cfg) -> torch.device:
+    """The dedicated generator's device: the trainer's, or with `layout.backend=nccl` a GPU
+    of its own (`layout.generator_device`, default the GPU after the trainer's).
+
+    Raises the one sentence a config that cannot place its generator gets.
+    """
+    from zkl.errors import ConfigError
+
+    trainer = resolve_device(str(cfg.device))
+    wanted = cfg.layout.generator_device
+    if cfg.layout.backend != "nccl":
+        if wanted is not None and torch.device(_parse(wanted, ConfigError)) != trainer:
+            raise ConfigError(
+                f"layout.generator_device={wanted!r} needs layout.backend=nccl (gloo and "
+                "cuda_ipc keep the generator on the trainer's device); set it to null."
+            )
+        return trainer
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if trainer.type != "cuda" or count < 2:
+        raise ConfigError(
+            "layout.backend=nccl puts the generator on a GPU of its own and needs device=cuda "
+            f"with two CUDA devices (this machine has {count}); use layout.backend=auto."
+        )
+    if cfg.layout.name != "dedicated":
+        raise ConfigError("layout.backend=nccl is for +layout=dedicated; use layout.backend=auto.")
+    device = torch.device(
+        _parse(wanted, ConfigError) if wanted is not None else f"cuda:{(trainer.index + 1) % count}"
+    )
+    if device.type != "cuda" or device.index is None or device.index >= count:
+        raise ConfigError(
+            f"layout.generator_device={wanted!r} must be cuda:N with N below {count}."
+        )
+    if device == trainer:
+        raise ConfigError(
+            f"layout.generator_device={wanted!r} is the trainer's device; layout.backend=nccl "
+            "needs another GPU (or use layout.backend=cuda_ipc to share one)."
+        )
+    return device
+
+
+def _parse(name: str, error: type[Exception]) -> str:
+    base, _, index = str(name).partition(":")
+    if base not in ("cpu", "cuda") or (index and (base != "cuda" or not index.isdigit())):
+        raise error(f"layout.generator_device={name!r} must be cpu, cuda:N or null.")
+    return str(name)

@@ -37,6 +37,8 @@ ADVICE = {
     "generation activations": "lower engine.max_batch_size",
     "rollout records": "lower rl.prompts_per_step or rl.samples_per_prompt",
     "processes": "free memory on this machine",
+    "generator weights and refit buffer": "use a smaller model (model=...) or a GPU with "
+    "more free memory (layout.generator_device)",
 }
 HOST_ONLY = ("rollout records", "processes")
 
@@ -59,10 +61,32 @@ def param_count(m: ModelConfig) -> int:
     return layers + embeddings + h
 
 
-def estimate(cfg: Any, positions: int) -> dict[str, float]:
-    """Bytes of each large part of a run whose sequences are `positions` tokens long."""
-    m, rl = cfg.model, cfg.rl
+def _own_gpu(cfg: Any) -> bool:
+    """The dedicated generator sits on a GPU of its own (`layout.backend=nccl`)."""
+    return cfg.layout.name == "dedicated" and cfg.layout.backend == "nccl"
+
+
+def _token_bytes(cfg: Any, positions: int) -> tuple[int, int, int]:
+    """(compute-dtype bytes, one token's KV bytes, one token's activation bytes per layer)."""
+    m = cfg.model
     c = 2 if cfg.precision.compute_dtype == "bfloat16" else 4
+    fixes = resolve(cfg.zero_train_gen_mismatch, vars(cfg.fixes))
+    width = m.intermediate_size
+    if m.is_moe:
+        width = m.num_experts_per_tok * (m.moe_intermediate_size + 2 * m.hidden_size)
+    on_cuda = device_of(cfg).startswith("cuda")
+    # CUDA's attention kernel saves no score rows (the backward recomputes them per layer).
+    fused_attention = on_cuda and "attention_fixed_split" in fixes
+    attention_row = 0 if fused_attention else m.num_attention_heads * positions * 4
+    kv_token = 2 * m.num_hidden_layers * m.num_key_value_heads * m.head_dim * c
+    return c, kv_token, (10 * m.hidden_size + 3 * width) * c + attention_row
+
+
+def estimate(cfg: Any, positions: int) -> dict[str, float]:
+    """Bytes of each large part of a run whose sequences are `positions` tokens long, on the
+    trainer's device (with `layout.backend=nccl` the generator's GPU is `generator_estimate`)."""
+    m, rl = cfg.model, cfg.rl
+    c, kv_token, layer_token = _token_bytes(cfg, positions)
     p = param_count(m)
     fixes = resolve(cfg.zero_train_gen_mismatch, vars(cfg.fixes))
     dedicated = cfg.layout.name == "dedicated"
@@ -71,34 +95,23 @@ def estimate(cfg: Any, positions: int) -> dict[str, float]:
         per_param += 8  # fp32 master and its gradient
     if rl.kl_coef > 0:
         per_param += c  # the frozen reference model
-    if dedicated:
+    if _own_gpu(cfg):
+        per_param += c  # the trainer's side of the refit buffer
+    elif dedicated:
         per_param += 3 * c  # the generator's model and the refit buffer on both sides
     elif "refit_exactness" not in fixes:
         per_param += c  # the colocated generator's own copy
     if cfg.precision.linear_quant != "none":
         per_param += c  # cached quantized weights
-    kv_token = 2 * m.num_hidden_layers * m.num_key_value_heads * m.head_dim * c
     samples = rl.prompts_per_step * rl.samples_per_prompt
     scored = rl.score_micro_batch or samples
     minibatch = math.ceil(samples / rl.num_minibatches)
-    width = m.intermediate_size
-    if m.is_moe:
-        width = m.num_experts_per_tok * (m.moe_intermediate_size + 2 * m.hidden_size)
-    q = m.num_attention_heads
-    on_cuda = device_of(cfg).startswith("cuda")
-    # CUDA's fused logprob kernel keeps no fp32 copy of the logits, and its attention saves no
-    # score rows (the backward recomputes them a layer at a time).
-    fused = on_cuda and "batch_invariant_reductions" in fixes
+    # CUDA's fused logprob kernel keeps no fp32 copy of the logits.
+    fused = device_of(cfg).startswith("cuda") and "batch_invariant_reductions" in fixes
     score_bytes, update_bytes = (c, 2 * c) if fused else (c + 8, c + 12)
-    attention_row = 0 if on_cuda and "attention_fixed_split" in fixes else q * positions * 4
-    layer_token = (10 * m.hidden_size + 3 * width) * c + attention_row
-    batch = cfg.engine.max_batch_size
     return {
         "weights and optimizer state": float(p * per_param),
-        "KV cache": float(batch * positions * kv_token),
-        "prefix cache": float(
-            cfg.engine.prefix_cache_blocks * BLOCK * kv_token if cfg.kv.mode == "persist" else 0
-        ),
+        **({} if _own_gpu(cfg) else _engine_parts(cfg, positions)),
         "rotary tables": float(m.max_position_embeddings * m.head_dim * 24 * (1 + dedicated)),
         "scoring logits": float(scored * positions * m.vocab_size * score_bytes),
         "update activations": float(
@@ -106,12 +119,33 @@ def estimate(cfg: Any, positions: int) -> dict[str, float]:
             * positions
             * (m.vocab_size * update_bytes + m.num_hidden_layers * layer_token)
         ),
-        "generation activations": float(
-            batch * positions * layer_token + batch * m.vocab_size * 12
-        ),
         "rollout records": float(samples * positions * RECORD_BYTES_PER_TOKEN),
         "processes": PROCESS_BYTES * (1 + dedicated),
     }
+
+
+def _engine_parts(cfg: Any, positions: int) -> dict[str, float]:
+    """The generation engine's KV cache, prefix cache and activations."""
+    _, kv_token, layer_token = _token_bytes(cfg, positions)
+    m, batch = cfg.model, cfg.engine.max_batch_size
+    blocks = cfg.engine.prefix_cache_blocks if cfg.kv.mode == "persist" else 0
+    return {
+        "KV cache": float(batch * positions * kv_token),
+        "prefix cache": float(blocks * BLOCK * kv_token),
+        "generation activations": float(
+            batch * positions * layer_token + batch * m.vocab_size * 12
+        ),
+    }
+
+
+def generator_estimate(cfg: Any, positions: int) -> dict[str, float]:
+    """Bytes on the generator's own GPU (`layout.backend=nccl`): its weights and refit
+    buffer, the engine's caches and activations; empty for the other layouts."""
+    if not _own_gpu(cfg):
+        return {}
+    c, _, _ = _token_bytes(cfg, positions)
+    weights = 2 * c * param_count(cfg.model)
+    return {"generator weights and refit buffer": float(weights), **_engine_parts(cfg, positions)}
 
 
 def _read_int(path: str) -> int | None:
@@ -171,7 +205,14 @@ def check_memory(cfg: Any, positions: int) -> None:
     """Refuse a run whose estimate exceeds the free memory, with the estimate in GB."""
     parts = estimate(cfg, positions)
     if device_of(cfg).startswith("cuda") and torch.cuda.is_available():
-        free, _ = torch.cuda.mem_get_info()
+        free, _ = torch.cuda.mem_get_info(device_of(cfg))
         _refuse({k: v for k, v in parts.items() if k not in HOST_ONLY}, free, "the GPU")
         parts = {k: v for k, v in parts.items() if k in HOST_ONLY}
+        generator = generator_estimate(cfg, positions)
+        if generator:
+            from zkl.device import generator_device
+
+            device = generator_device(cfg)
+            free, _ = torch.cuda.mem_get_info(device)
+            _refuse(generator, free, f"the generator's GPU ({device})")
     _refuse(parts, available_bytes(), "this machine")

@@ -6,7 +6,7 @@ from typing import Protocol
 
 import torch
 
-from zkl.device import resolve_device
+from zkl.device import generator_device
 from zkl.generation.engine import Completion, EngineStats, GenerationEngine, Request
 from zkl.invariance import is_enabled
 from zkl.models import build_model
@@ -70,13 +70,14 @@ def build_engine(cfg, model: torch.nn.Module, eos_id: int | None) -> GenerationE
 
 
 def build_generation_model(cfg) -> torch.nn.Module:
-    """The generator's own copy of the architecture (weights arrive with the first refit)."""
+    """The generator's own copy of the architecture (weights arrive with the first refit),
+    on the generator's device (`layout.generator_device` with `layout.backend=nccl`)."""
     return build_model(
         cfg.model,
         DTYPES[cfg.precision.compute_dtype],
         cfg.precision.linear_quant,
         cfg.seed,
-        resolve_device(cfg.device),
+        generator_device(cfg),
     )
 
 

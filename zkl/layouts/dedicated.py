@@ -4,9 +4,11 @@ Requests, results and refit manifests travel over a pipe; the weights themselves
 one flat byte buffer, so the copy is bitwise whatever the dtype. On the CPU (`gloo`) the
 buffer is broadcast from the trainer (rank 0) to the generator (rank 1); on one GPU
 (`cuda_ipc`) the trainer packs it in device memory and hands the generator a CUDA IPC
-handle to it, so the generator copies device to device with no host round trip. The
+handle to it, so the generator copies device to device with no host round trip; with the
+generator on a GPU of its own (`nccl`) the buffer is broadcast GPU to GPU over NCCL. The
 generator only swaps weights in after the whole buffer has arrived and matches the
-manifest: it never holds a mix of two versions.
+manifest: it never holds a mix of two versions, and the refit's version comes back with
+its ack.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from datetime import timedelta
 from multiprocessing.connection import wait
@@ -29,7 +32,7 @@ import torch.multiprocessing as mp
 
 from zkl import invariance
 from zkl.checkpoint import preempt_signal
-from zkl.device import resolve_device
+from zkl.device import generator_device, resolve_device
 from zkl.errors import RunFault
 from zkl.generation.engine import Completion, EngineStats, Request
 from zkl.layouts import build_engine, build_generation_model, load_refit, refit_payload
@@ -69,6 +72,9 @@ def unpack(manifest, flat: torch.Tensor) -> dict[str, torch.Tensor]:
     return out
 
 
+BROADCAST = ("gloo", "nccl")  # the transports that move the buffer with torch.distributed
+
+
 def transport(cfg) -> str:
     """`layout.backend` with `auto` resolved: gloo on the CPU, cuda_ipc on a GPU."""
     if cfg.layout.backend != "auto":
@@ -77,13 +83,30 @@ def transport(cfg) -> str:
 
 
 def _init_group(cfg, port: int, rank: int) -> None:
+    """The two-rank group of a broadcast transport; rank 0 the trainer, rank 1 the generator."""
+    kind = transport(cfg)
+    device = resolve_device(cfg.device) if rank == 0 else generator_device(cfg)
+    if kind == "nccl":
+        torch.cuda.set_device(device)
     dist.init_process_group(
-        "gloo",
+        kind,
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=2,
         timeout=timedelta(seconds=cfg.layout.timeout_s),
+        device_id=device if kind == "nccl" else None,
     )
+
+
+def _abort_group() -> None:
+    """Tear the group down; NCCL's is aborted, so a peer that is gone cannot hang it."""
+    if not dist.is_initialized():
+        return
+    if dist.get_backend() == "nccl":
+        with contextlib.suppress(Exception):
+            dist.distributed_c10d._abort_process_group()
+            return
+    dist.destroy_process_group()
 
 
 class DedicatedGenerator:
@@ -97,6 +120,7 @@ class DedicatedGenerator:
 
     def __init__(self, cfg, eos_id: int, run_dir: str | Path | None = None):
         self.gen_dtype = DTYPES[cfg.precision.compute_dtype]
+        self.device = resolve_device(cfg.device)
         self.timeout = cfg.layout.timeout_s
         self.transport = transport(cfg)
         self.stderr_path = Path(run_dir) / STDERR_FILE if run_dir is not None else None
@@ -113,7 +137,7 @@ class DedicatedGenerator:
         child_conn.close()  # the child's death now closes the pipe
         try:
             self._expect("alive")
-            if self.transport == "gloo":
+            if self.transport in BROADCAST:
                 self._watch("the rendezvous with", lambda: _init_group(cfg, port, rank=0))
             self._expect("ready")
         except BaseException:
@@ -203,7 +227,24 @@ class DedicatedGenerator:
             self._send(("refit", version, manifest, flat.numel()))
             self._watch("the weight transfer to", lambda: dist.broadcast(flat, src=0))
         (got,) = self._expect("refitted")  # `flat` stays alive until the copy is done
-        assert got == version
+        if got != version:
+            raise RunFault(f"the generation process acknowledged version {got}, not {version}.")
+
+    def probe(self, nbytes: int, repeats: int = 5) -> float:
+        """The transport's own bandwidth in GB/s: `repeats` broadcasts of `nbytes` bytes
+        from the trainer's device to the generator's, as a refit moves them, acked at the end
+        (the peak a refit's GB/s is compared against)."""
+        if self.transport not in BROADCAST:
+            raise ValueError(f"probe measures a broadcast transport, not {self.transport}")
+        device = self.device if self.transport == "nccl" else torch.device("cpu")
+        flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        self._send(("probe", nbytes, repeats))
+        self._expect("probing")
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            self._watch("the bandwidth probe with", lambda: dist.broadcast(flat, src=0))
+        self._expect("probed")
+        return nbytes * repeats / (time.perf_counter() - t0) / 1e9
 
     def configure(self, max_batch_size: int | None, prefill_chunk: int | None) -> None:
         self._send(("configure", max_batch_size, prefill_chunk))
@@ -219,8 +260,7 @@ class DedicatedGenerator:
             self.proc.kill()
             self.proc.join(timeout=5)
         self.conn.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        _abort_group()
 
 
 @contextlib.contextmanager
@@ -250,7 +290,11 @@ def _worker(cfg, fixes, eos_id: int, port: int, conn, threads: int, stderr: str 
         torch.set_num_threads(threads)
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
         conn.send(("alive",))
-        if transport(cfg) == "gloo":
+        kind = transport(cfg)
+        if generator_device(cfg).type == "cuda":
+            torch.cuda.set_device(generator_device(cfg))
+        device = generator_device(cfg) if kind == "nccl" else torch.device("cpu")
+        if kind in BROADCAST:
             _init_group(cfg, port, rank=1)
         with invariance.enabled(fixes):
             engine = build_engine(cfg, build_generation_model(cfg), eos_id)
@@ -264,7 +308,7 @@ def _worker(cfg, fixes, eos_id: int, port: int, conn, threads: int, stderr: str 
                     if isinstance(payload, torch.Tensor):  # cuda_ipc: the trainer's buffer
                         flat = payload
                     else:
-                        flat = torch.empty(payload, dtype=torch.uint8)
+                        flat = torch.empty(payload, dtype=torch.uint8, device=device)
                         dist.broadcast(flat, src=0)
                     load_refit(engine.model, unpack(manifest, flat))
                     if flat.is_cuda:
@@ -272,6 +316,16 @@ def _worker(cfg, fixes, eos_id: int, port: int, conn, threads: int, stderr: str 
                     del flat, payload
                     engine.on_refit(version)
                     conn.send(("refitted", version))
+                elif msg[0] == "probe":
+                    _, nbytes, repeats = msg
+                    flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
+                    conn.send(("probing",))
+                    for _ in range(repeats):
+                        dist.broadcast(flat, src=0)
+                    if flat.is_cuda:
+                        torch.cuda.current_stream(flat.device).synchronize()
+                    del flat
+                    conn.send(("probed",))
                 elif msg[0] == "configure":
                     engine.configure(*msg[1:])
                     conn.send(("configured",))
@@ -286,5 +340,4 @@ def _worker(cfg, fixes, eos_id: int, port: int, conn, threads: int, stderr: str 
             conn.send(("error", f"{type(err).__name__}: {err}".splitlines()[0][:300]))
         sys.exit(1)
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        _abort_group()

@@ -77,6 +77,7 @@ def build_generation_model(cfg) -> torch.nn.Module:
         cfg.precision.linear_quant,
         cfg.seed,
         resolve_device(cfg.device),
+        cfg.engine.name,
     )
 
 

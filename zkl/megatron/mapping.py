@@ -139,7 +139,11 @@ def layer_spec_plan(model: ModelConfig, engine: str) -> list[SpecSlot]:
         else "ColumnParallelLinear"
     )
     row = (
-        "InferenceRowParallelLinear" if inference else "TERowParallelLinear" if te else "RowParallelLinear"
+        "InferenceRowParallelLinear"
+        if inference
+        else "TERowParallelLinear"
+        if te
+        else "RowParallelLinear"
     )
     fused = engine in FUSED_NORM_ENGINES
     norm = "TENorm" if fused else "WrappedTorchNorm"
@@ -177,7 +181,9 @@ def layer_spec_plan(model: ModelConfig, engine: str) -> list[SpecSlot]:
         plan += [
             SpecSlot("moe_pre_mlp_layernorm", norm, "batch_invariant_reductions"),
             SpecSlot("moe_layer", "MoELayer", "moe_combine_order"),
-            SpecSlot("router", "InferenceTopKRouter" if inference else "TopKRouter", "moe_combine_order"),
+            SpecSlot(
+                "router", "InferenceTopKRouter" if inference else "TopKRouter", "moe_combine_order"
+            ),
             SpecSlot(
                 "experts",
                 "InferenceGroupedMLP" if inference else "SequentialMLP",

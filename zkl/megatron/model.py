@@ -30,7 +30,7 @@ from zkl.megatron.mapping import gpt_model_kwargs, to_megatron, transformer_conf
 from zkl.megatron.spec import Step, block_spec
 from zkl.models.config import ModelConfig
 from zkl.models.transformer import RotaryEmbedding, Transformer, init_weights
-from zkl.precision import DTYPES, apply_precision
+from zkl.precision import DTYPES, keeps_fp32
 
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
@@ -124,11 +124,12 @@ class MegatronLM(torch.nn.Module):
             self.step.positions = self.step.cache = self.step.slots = None
 
 
-def _keep_fp32(model: MegatronLM) -> None:
-    """The MoE router keeps fp32 parameters, as zkl's native `mlp.gate` does."""
-    for name, p in model.named_parameters():
-        if name.endswith("mlp.router.weight"):
-            p.data = p.data.float()
+def _cast(model: MegatronLM, compute_dtype: torch.dtype) -> None:
+    """zkl's recipe in megatron's names: norms and the MoE router stay fp32, the rest casts."""
+    for name, module in model.named_modules():
+        fp32 = keeps_fp32(name) or name.endswith("mlp.router")
+        for p in module.parameters(recurse=False):
+            p.data = p.data.to(torch.float32 if fp32 else compute_dtype)
 
 
 def _load_dist_checkpoint(model: MegatronLM, path: str) -> None:
@@ -155,8 +156,7 @@ def build_megatron_model(
         _load_dist_checkpoint(model, cfg.checkpoint)
     else:
         model.gpt.load_state_dict(native_state_for(cfg, engine, seed), strict=True)
-    apply_precision(model, compute_dtype, "none")
-    _keep_fp32(model)
+    _cast(model, compute_dtype)
     return model.to(device)
 
 

@@ -21,7 +21,9 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
+from megatron.core.models.backends import LocalSpecProvider
 from megatron.core.models.gpt.gpt_layer_specs import get_mlp_module_spec_for_backend
+from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
@@ -30,8 +32,6 @@ from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
-from megatron.core.models.backends import LocalSpecProvider
-from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
 from zkl import ops
 from zkl.invariance import is_enabled
@@ -134,7 +134,13 @@ class ZklCoreAttention(DotProductAttention):
         self.step = step
 
     def forward(
-        self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+        self,
+        query,
+        key,
+        value,
+        attention_mask,
+        attn_mask_type=None,
+        attention_bias=None,
         packed_seq_params=None,
     ):
         step = self.step
@@ -181,7 +187,10 @@ class ZklMoELayer(MoELayer):
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, shape[-1])  # [N, H]
         top_i, top_w = fixed_route(
-            x, self.router.weight, self.config.moe_router_topk, not self.config.moe_router_pre_softmax
+            x,
+            self.router.weight,
+            self.config.moe_router_topk,
+            not self.config.moe_router_pre_softmax,
         )
 
         def expert_fn(module):
@@ -266,4 +275,3 @@ def block_spec(model: ModelConfig, engine: str, step: Step) -> TransformerBlockS
         for i in range(model.num_hidden_layers)
     ]
     return TransformerBlockSubmodules(layer_specs=layers, layer_norm=ZklRMSNorm)
-

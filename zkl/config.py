@@ -21,6 +21,8 @@ from zkl.config_keys import reject_unknown_keys
 from zkl.device import check_device, generator_device, resolve_device
 from zkl.errors import ConfigError
 from zkl.invariance import FIXES
+from zkl.megatron.check import engine_problem
+from zkl.megatron.mapping import ENGINES
 from zkl.memory import check_memory
 from zkl.models.config import ModelConfig, validate_model
 from zkl.validation import check_limits, check_values, default_positions
@@ -308,8 +310,15 @@ def validate(
             "layout.backend=gloo would copy CUDA weights through the host; use "
             "layout.backend=cuda_ipc (or auto) with device=cuda."
         )
-    if cfg.engine.name != "native":
-        raise ConfigError(f"engine.name={cfg.engine.name!r} is not available; use native.")
+    if cfg.engine.name not in ("native", *ENGINES):
+        raise ConfigError(
+            f"engine.name={cfg.engine.name!r} is not an engine; use one of {['native', *ENGINES]}."
+        )
+    problem = engine_problem(
+        cfg.engine.name, cfg.layout.name, on_cuda, cfg.model.family, cfg.precision.linear_quant
+    )
+    if problem:
+        raise ConfigError(problem)
     if cfg.kv.mode not in ("recompute", "persist"):
         raise ConfigError(f"kv.mode={cfg.kv.mode!r} must be recompute or persist.")
     _positive(cfg.engine.max_batch_size, "engine.max_batch_size")

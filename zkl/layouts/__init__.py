@@ -78,6 +78,7 @@ def build_generation_model(cfg) -> torch.nn.Module:
         cfg.precision.linear_quant,
         cfg.seed,
         generator_device(cfg),
+        cfg.engine.name,
     )
 
 

@@ -128,16 +128,7 @@ class SparseMoE(nn.Module):
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N, H] -> (expert ids [N, k], fp32 weights [N, k])."""
         if is_enabled("moe_combine_order"):
-            probs = ops.softmax(ops.linear(x.float(), self.gate.weight.float(), None))
-            # stable sort: equal probabilities resolve to the lower expert id
-            top_w, top_i = probs.sort(dim=-1, descending=True, stable=True)
-            top_w, top_i = top_w[:, : self.top_k], top_i[:, : self.top_k]
-            if self.norm_topk_prob:
-                total = top_w[:, 0]
-                for s in range(1, self.top_k):  # fixed order, whatever the row count
-                    total = total + top_w[:, s]
-                top_w = top_w / total.unsqueeze(-1)
-            return top_i, top_w
+            return fixed_route(x, self.gate.weight, self.top_k, self.norm_topk_prob)
         gate = self.gate.weight.to(x.dtype)
         probs = torch.softmax(ops.linear(x, gate, None).float(), dim=-1)
         top_w, top_i = probs.topk(self.top_k, dim=-1)
@@ -150,36 +141,74 @@ class SparseMoE(nn.Module):
         shape = x.shape
         x = x.reshape(-1, shape[-1])  # [N, H]
         top_i, top_w = self.route(x)
-        pairs = top_i.reshape(-1)  # pair p = (token p // k, slot p % k)
-        by_expert = torch.sort(pairs, stable=True).indices  # pairs grouped by expert id
-        counts = torch.bincount(pairs, minlength=len(self.experts)).tolist()
-        starts = [0]
-        for c in counts:
-            starts.append(starts[-1] + c)
-        order = expert_order if expert_order is not None else range(len(self.experts))
         fixed = is_enabled("moe_combine_order")
-        if fixed:
-            results = x.new_zeros(pairs.numel(), shape[-1], dtype=torch.float32)
-        else:
-            out = torch.zeros_like(x)
-            flat_w = top_w.reshape(-1)
-        for e in order:
-            if not counts[e]:
-                continue
-            chosen = by_expert[starts[e] : starts[e + 1]]  # [c] pair ids
-            rows = chosen // self.top_k
-            y = self.experts[e](x[rows])
-            if fixed:
-                results[chosen] = y.float()
-            else:
-                out.index_add_(0, rows, y * flat_w[chosen].unsqueeze(-1).to(x.dtype))
-        if fixed:
-            weighted = results.view(-1, self.top_k, shape[-1]) * top_w.unsqueeze(-1)
-            out = weighted[:, 0]
-            for s in range(1, self.top_k):  # fixed order: top-k slot 0, 1, ...
-                out = out + weighted[:, s]
-            out = out.to(x.dtype)
+        out = run_experts(x, top_i, top_w, list(self.experts), fixed, expert_order)
         return out.reshape(shape)
+
+
+def fixed_route(
+    x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, norm_topk_prob: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `moe_combine_order` router: fp32 logits and softmax, ties to the lower expert id.
+
+    x [N, H] -> (expert ids [N, k], fp32 weights [N, k]); shared by every engine's MoE.
+    """
+    probs = ops.softmax(ops.linear(x.float(), gate_weight.float(), None))
+    # stable sort: equal probabilities resolve to the lower expert id
+    top_w, top_i = probs.sort(dim=-1, descending=True, stable=True)
+    top_w, top_i = top_w[:, :top_k], top_i[:, :top_k]
+    if norm_topk_prob:
+        total = top_w[:, 0]
+        for s in range(1, top_k):  # fixed order, whatever the row count
+            total = total + top_w[:, s]
+        top_w = top_w / total.unsqueeze(-1)
+    return top_i, top_w
+
+
+def run_experts(
+    x: torch.Tensor,
+    top_i: torch.Tensor,
+    top_w: torch.Tensor,
+    experts: list,
+    fixed: bool,
+    expert_order: list[int] | None = None,
+) -> torch.Tensor:
+    """x [N, H] through its top-k experts (`experts[e](rows)` -> [n, H]), weighted and added.
+
+    Tokens are grouped per expert (one stable sort, one host sync for the group sizes).
+    `fixed`: each pair's result lands in its own fp32 row and a token adds its experts in
+    top-k slot order; else `index_add` in dispatch order, in the activation dtype.
+    """
+    top_k = top_i.shape[-1]
+    pairs = top_i.reshape(-1)  # pair p = (token p // k, slot p % k)
+    by_expert = torch.sort(pairs, stable=True).indices  # pairs grouped by expert id
+    counts = torch.bincount(pairs, minlength=len(experts)).tolist()
+    starts = [0]
+    for c in counts:
+        starts.append(starts[-1] + c)
+    order = expert_order if expert_order is not None else range(len(experts))
+    if fixed:
+        results = x.new_zeros(pairs.numel(), x.shape[-1], dtype=torch.float32)
+    else:
+        out = torch.zeros_like(x)
+        flat_w = top_w.reshape(-1)
+    for e in order:
+        if not counts[e]:
+            continue
+        chosen = by_expert[starts[e] : starts[e + 1]]  # [c] pair ids
+        rows = chosen // top_k
+        y = experts[e](x[rows])
+        if fixed:
+            results[chosen] = y.float()
+        else:
+            out.index_add_(0, rows, y * flat_w[chosen].unsqueeze(-1).to(x.dtype))
+    if fixed:
+        weighted = results.view(-1, top_k, x.shape[-1]) * top_w.unsqueeze(-1)
+        out = weighted[:, 0]
+        for s in range(1, top_k):  # fixed order: top-k slot 0, 1, ...
+            out = out + weighted[:, s]
+        out = out.to(x.dtype)
+    return out
 
 
 class Block(nn.Module):

@@ -37,7 +37,12 @@ class Policy:
         self.device = resolve_device(cfg.device)
         warn_random_weights(cfg.model)
         self.model = build_model(
-            cfg.model, self.compute_dtype, cfg.precision.linear_quant, cfg.seed, self.device
+            cfg.model,
+            self.compute_dtype,
+            cfg.precision.linear_quant,
+            cfg.seed,
+            self.device,
+            cfg.engine.name,
         )
         self.params = [p for p in self.model.parameters()]
         use_master = cfg.precision.master_weights_fp32 and any(

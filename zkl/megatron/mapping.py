@@ -1,0 +1,312 @@
+"""zkl's model config and weights in megatron-core's terms, as plain data (no megatron import).
+
+Three things, all pure so CPU CI tests them without megatron-core (which needs Python 3.12):
+- `transformer_config_kwargs` / `gpt_model_kwargs`: the keyword arguments of megatron's
+  `TransformerConfig` and `GPTModel` for a zkl `ModelConfig` (strings stand for the two
+  values that are not plain data: the activation function and the parameter dtype).
+- `layer_spec_plan`: which module sits in each slot of the layer spec, per engine, with the
+  zkl fix that swaps it.
+- `to_megatron` / `from_megatron`: zkl's native state dict <-> GPTModel's, with megatron's
+  fused QKV (per query group: the group's query heads, then its key, then its value) and
+  fused SwiGLU `linear_fc1` (gate rows, then up rows); in the TE specs the two pre-norms
+  live inside the following linear as `layer_norm_weight`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from zkl.models.config import ModelConfig
+
+ENGINES = ("megatron_local", "transformer_engine", "inference_optimized")
+# Engines whose spec fuses the pre-attention / pre-MLP norm into the next linear (TE).
+FUSED_NORM_ENGINES = ("transformer_engine", "inference_optimized")
+
+
+def transformer_config_kwargs(model: ModelConfig, compute_dtype: str) -> dict:
+    """`TransformerConfig(**kwargs)` for `model` (TP = PP = EP = 1; no dropout, no fusions).
+
+    `activation_func` is "silu" and `params_dtype` a dtype's name; `zkl.megatron.model`
+    resolves them.
+    Fusions that need Apex or custom CUDA extensions are off, so the default path is
+    megatron's plain PyTorch code.
+    """
+    if model.family == "nemotron_h":
+        raise ValueError(
+            "model.family='nemotron_h' has no megatron mapping yet; use engine=native for "
+            "hybrid models."
+        )
+    bf16 = compute_dtype == "bfloat16"
+    kwargs = {
+        "num_layers": model.num_hidden_layers,
+        "hidden_size": model.hidden_size,
+        "num_attention_heads": model.num_attention_heads,
+        "num_query_groups": model.num_key_value_heads,
+        "kv_channels": model.head_dim,
+        "ffn_hidden_size": model.intermediate_size,
+        "normalization": "RMSNorm",
+        "layernorm_epsilon": model.rms_norm_eps,
+        "gated_linear_unit": True,
+        "activation_func": "silu",
+        "add_bias_linear": False,
+        "add_qkv_bias": model.qkv_bias,
+        "qk_layernorm": model.qk_norm,
+        "hidden_dropout": 0.0,
+        "attention_dropout": 0.0,
+        "attention_softmax_in_fp32": True,
+        "bf16": bf16,
+        # Created in fp32; zkl's precision recipe then casts (norms and router stay fp32).
+        "params_dtype": "float32",
+        "init_method_std": model.init_std,
+        "use_cpu_initialization": True,
+        "gradient_accumulation_fusion": False,
+        "bias_activation_fusion": False,
+        "bias_dropout_fusion": False,
+        "masked_softmax_fusion": False,
+        "apply_rope_fusion": False,
+        "persist_layer_norm": False,
+        "tensor_model_parallel_size": 1,
+        "pipeline_model_parallel_size": 1,
+    }
+    if model.is_moe:
+        kwargs.update(
+            {
+                "num_moe_experts": model.num_experts,
+                "moe_router_topk": model.num_experts_per_tok,
+                "moe_ffn_hidden_size": model.moe_intermediate_size,
+                # Qwen3-MoE: softmax over all experts, top-k, renormalise (norm_topk_prob);
+                # megatron's top-k then softmax is the same function, pre-softmax is the
+                # un-normalised one.
+                "moe_router_pre_softmax": not model.norm_topk_prob,
+                "moe_router_score_function": "softmax",
+                "moe_router_load_balancing_type": "none",
+                "moe_aux_loss_coeff": 0.0,
+                "moe_token_dispatcher_type": "allgather",
+                "moe_grouped_gemm": False,
+                "moe_layer_freq": [
+                    int(model.layer_is_moe(i)) for i in range(model.num_hidden_layers)
+                ],
+            }
+        )
+    return kwargs
+
+
+def gpt_model_kwargs(model: ModelConfig) -> dict:
+    """`GPTModel(config=..., transformer_layer_spec=..., **kwargs)` for `model`.
+
+    No megatron position embedding: zkl's rotary runs inside the core-attention slot, at each
+    token's absolute position, so decode rows at different positions share one batch.
+    """
+    return {
+        "vocab_size": model.vocab_size,
+        "max_sequence_length": model.max_position_embeddings,
+        "pre_process": True,
+        "post_process": True,
+        "parallel_output": False,
+        "share_embeddings_and_output_weights": model.tie_word_embeddings,
+        "position_embedding_type": "none",
+    }
+
+
+@dataclass(frozen=True)
+class SpecSlot:
+    """One slot of the layer spec: megatron's module for it and the fix that swaps it."""
+
+    slot: str
+    megatron: str  # the class megatron's own spec puts there
+    fix: str | None  # the zkl fix whose kernel replaces it at run time (None: always zkl's)
+
+
+def layer_spec_plan(model: ModelConfig, engine: str) -> list[SpecSlot]:
+    """What `zkl.megatron.spec` builds for `engine`: every slot, megatron's class, its fix.
+
+    Each zkl module subclasses megatron's and runs megatron's own forward while its fix is
+    off, so default mode is megatron's code and ablation switches one fix at a time. Core
+    attention is always zkl's wrapper: it reads and writes zkl's KV cache (continuous
+    batching), running megatron's dot-product attention math unless the fix is on.
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"engine.name={engine!r} is not a megatron engine; use one of {ENGINES}.")
+    te = engine == "transformer_engine"
+    inference = engine == "inference_optimized"
+    column = (
+        "InferenceColumnParallelLinear"
+        if inference
+        else "TEColumnParallelLinear"
+        if te
+        else "ColumnParallelLinear"
+    )
+    row = (
+        "InferenceRowParallelLinear"
+        if inference
+        else "TERowParallelLinear"
+        if te
+        else "RowParallelLinear"
+    )
+    fused = engine in FUSED_NORM_ENGINES
+    norm = "TENorm" if fused else "WrappedTorchNorm"
+    fused_linear = (
+        "InferenceLayerNormColumnParallelLinear" if inference else "TELayerNormColumnParallelLinear"
+    )
+    plan = [
+        SpecSlot("embedding", "VocabParallelEmbedding", None),
+        SpecSlot(
+            "input_layernorm",
+            "IdentityOp (fused into linear_qkv)" if fused else norm,
+            None if fused else "batch_invariant_reductions",
+        ),
+        SpecSlot("linear_qkv", fused_linear if fused else column, "batch_invariant_gemm"),
+        SpecSlot("core_attention", "DotProductAttention", "attention_fixed_split"),
+        SpecSlot("linear_proj", row, "batch_invariant_gemm"),
+    ]
+    if model.qk_norm:
+        plan += [
+            SpecSlot("q_layernorm", norm, "batch_invariant_reductions"),
+            SpecSlot("k_layernorm", norm, "batch_invariant_reductions"),
+        ]
+    dense = any(not model.layer_is_moe(i) for i in range(model.num_hidden_layers))
+    if dense:
+        plan += [
+            SpecSlot(
+                "pre_mlp_layernorm",
+                "IdentityOp (fused into linear_fc1)" if fused else norm,
+                None if fused else "batch_invariant_reductions",
+            ),
+            SpecSlot("linear_fc1", fused_linear if fused else column, "batch_invariant_gemm"),
+            SpecSlot("linear_fc2", row, "batch_invariant_gemm"),
+        ]
+    if model.is_moe:
+        plan += [
+            SpecSlot("moe_pre_mlp_layernorm", norm, "batch_invariant_reductions"),
+            SpecSlot("moe_layer", "MoELayer", "moe_combine_order"),
+            SpecSlot(
+                "router", "InferenceTopKRouter" if inference else "TopKRouter", "moe_combine_order"
+            ),
+            SpecSlot(
+                "experts",
+                "InferenceGroupedMLP" if inference else "SequentialMLP",
+                "batch_invariant_gemm",
+            ),
+        ]
+    plan += [
+        SpecSlot("final_layernorm", norm, "batch_invariant_reductions"),
+        SpecSlot("output_layer", "ColumnParallelLinear", "batch_invariant_gemm"),
+    ]
+    return plan
+
+
+def _split_rows(t: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+    return list(torch.split(t, sizes, dim=0))
+
+
+def fuse_qkv(model: ModelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """q [Hq*D, ...], k/v [Hkv*D, ...] -> megatron's linear_qkv rows, grouped per KV head."""
+    groups, d = model.num_key_value_heads, model.head_dim
+    per = model.num_attention_heads // groups
+    rest = q.shape[1:]
+    q = q.reshape(groups, per * d, *rest)
+    k = k.reshape(groups, d, *rest)
+    v = v.reshape(groups, d, *rest)
+    return torch.cat([q, k, v], dim=1).reshape(-1, *rest)
+
+
+def split_qkv(model: ModelConfig, qkv: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The inverse of `fuse_qkv`."""
+    groups, d = model.num_key_value_heads, model.head_dim
+    per = model.num_attention_heads // groups
+    rest = qkv.shape[1:]
+    q, k, v = torch.split(qkv.reshape(groups, (per + 2) * d, *rest), [per * d, d, d], dim=1)
+    return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
+
+
+def _layer_names(model: ModelConfig, engine: str, i: int) -> dict[str, str]:
+    """zkl's per-layer names -> megatron's, for the non-fused parameters of layer i."""
+    fused = engine in FUSED_NORM_ENGINES
+    a, m = f"decoder.layers.{i}.self_attention.", f"decoder.layers.{i}."
+    names = {
+        "self_attn.o_proj.weight": a + "linear_proj.weight",
+        "self_attn.q_norm.weight": a + "q_layernorm.weight",
+        "self_attn.k_norm.weight": a + "k_layernorm.weight",
+        "input_layernorm.weight": (
+            a + "linear_qkv.layer_norm_weight" if fused else m + "input_layernorm.weight"
+        ),
+    }
+    moe = model.layer_is_moe(i)
+    if moe or not fused:
+        names["post_attention_layernorm.weight"] = m + "pre_mlp_layernorm.weight"
+    else:
+        names["post_attention_layernorm.weight"] = m + "mlp.linear_fc1.layer_norm_weight"
+    if moe:
+        names["mlp.gate.weight"] = m + "mlp.router.weight"
+    else:
+        names["mlp.down_proj.weight"] = m + "mlp.linear_fc2.weight"
+    return names
+
+
+def to_megatron(
+    state: dict[str, torch.Tensor], model: ModelConfig, engine: str = "megatron_local"
+) -> dict[str, torch.Tensor]:
+    """zkl's native state dict -> GPTModel's (tied lm_head dropped: it is the embedding)."""
+    out = {"embedding.word_embeddings.weight": state["embed_tokens.weight"]}
+    out["decoder.final_layernorm.weight"] = state["norm.weight"]
+    if not model.tie_word_embeddings:
+        out["output_layer.weight"] = state["lm_head.weight"]
+    for i in range(model.num_hidden_layers):
+        p, m = f"layers.{i}.", f"decoder.layers.{i}."
+        for ours, theirs in _layer_names(model, engine, i).items():
+            if p + ours in state:
+                out[theirs] = state[p + ours]
+        attn = p + "self_attn."
+        for kind in ("weight", "bias"):
+            if f"{attn}q_proj.{kind}" in state:
+                out[f"{m}self_attention.linear_qkv.{kind}"] = fuse_qkv(
+                    model, *(state[f"{attn}{x}_proj.{kind}"] for x in "qkv")
+                )
+        if model.layer_is_moe(i):
+            for e in range(model.num_experts):
+                x, y = f"{p}mlp.experts.{e}.", f"{m}mlp.experts.local_experts.{e}."
+                out[y + "linear_fc1.weight"] = torch.cat(
+                    [state[x + "gate_proj.weight"], state[x + "up_proj.weight"]]
+                )
+                out[y + "linear_fc2.weight"] = state[x + "down_proj.weight"]
+        else:
+            out[m + "mlp.linear_fc1.weight"] = torch.cat(
+                [state[p + "mlp.gate_proj.weight"], state[p + "mlp.up_proj.weight"]]
+            )
+    return out
+
+
+def from_megatron(
+    state: dict[str, torch.Tensor], model: ModelConfig, engine: str = "megatron_local"
+) -> dict[str, torch.Tensor]:
+    """GPTModel's state dict -> zkl's native names (the inverse of `to_megatron`)."""
+    out = {"embed_tokens.weight": state["embedding.word_embeddings.weight"]}
+    out["norm.weight"] = state["decoder.final_layernorm.weight"]
+    out["lm_head.weight"] = (
+        out["embed_tokens.weight"] if model.tie_word_embeddings else state["output_layer.weight"]
+    )
+    for i in range(model.num_hidden_layers):
+        p, m = f"layers.{i}.", f"decoder.layers.{i}."
+        for ours, theirs in _layer_names(model, engine, i).items():
+            if theirs in state:
+                out[p + ours] = state[theirs]
+        for kind in ("weight", "bias"):
+            key = f"{m}self_attention.linear_qkv.{kind}"
+            if key in state:
+                q, k, v = split_qkv(model, state[key])
+                for x, t in zip("qkv", (q, k, v)):
+                    out[f"{p}self_attn.{x}_proj.{kind}"] = t
+        if model.layer_is_moe(i):
+            inter = model.moe_intermediate_size
+            for e in range(model.num_experts):
+                x, y = f"{p}mlp.experts.{e}.", f"{m}mlp.experts.local_experts.{e}."
+                gate, up = _split_rows(state[y + "linear_fc1.weight"], [inter, inter])
+                out[x + "gate_proj.weight"], out[x + "up_proj.weight"] = gate, up
+                out[x + "down_proj.weight"] = state[y + "linear_fc2.weight"]
+        else:
+            inter = model.intermediate_size
+            gate, up = _split_rows(state[m + "mlp.linear_fc1.weight"], [inter, inter])
+            out[p + "mlp.gate_proj.weight"], out[p + "mlp.up_proj.weight"] = gate, up
+    return out

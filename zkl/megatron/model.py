@@ -1,0 +1,173 @@
+"""A megatron-core GPTModel behind the interface of zkl's native Transformer.
+
+`MegatronLM(tokens, positions, cache, slots, logit_index)` runs megatron's own forward
+(embedding, TransformerBlock, final norm, output layer) with zkl's modules in the spec
+(`zkl.megatron.spec`), so zkl's GenerationEngine (continuous batching, both KV modes, the
+prefix cache, sampling), scoring, refit and certification drive it unchanged. Parameter
+names are megatron's (under `gpt.`); weights come from zkl's seeded init or an HF checkpoint
+(both through zkl's native state dict and `mapping.to_megatron`, so both engines start from
+the same weights), or from a megatron distributed checkpoint (`model.checkpoint` holding
+`metadata.json`).
+
+Imports megatron-core (Python >= 3.12).
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.models.gpt import GPTModel
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from zkl import ops
+from zkl.invariance import is_enabled
+from zkl.megatron.mapping import gpt_model_kwargs, to_megatron, transformer_config_kwargs
+from zkl.megatron.spec import Step, block_spec
+from zkl.models.config import ModelConfig
+from zkl.models.transformer import RotaryEmbedding, Transformer, init_weights
+from zkl.precision import DTYPES, keeps_fp32
+
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_parallel_state(device: torch.device, seed: int) -> None:
+    """Megatron's process groups for one process (TP = PP = EP = 1), created once.
+
+    A process that already has a default group (a dedicated generator's refit group) keeps
+    it; megatron's groups are then built over it with every size 1.
+    """
+    if not dist.is_initialized():
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{_free_port()}",
+            rank=0,
+            world_size=1,
+        )
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1)
+    if device.type == "cuda":
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def transformer_config(model: ModelConfig, compute_dtype: torch.dtype) -> TransformerConfig:
+    kwargs = transformer_config_kwargs(model, DTYPE_NAMES[compute_dtype])
+    kwargs["activation_func"] = {"silu": F.silu}[kwargs["activation_func"]]
+    kwargs["params_dtype"] = DTYPES[kwargs["params_dtype"]]
+    return TransformerConfig(**kwargs)
+
+
+class MegatronLM(torch.nn.Module):
+    """zkl's model interface over a megatron-core GPTModel (see the module docstring)."""
+
+    def __init__(self, cfg: ModelConfig, engine: str, compute_dtype: torch.dtype):
+        super().__init__()
+        self.cfg = cfg
+        self.engine = engine
+        self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+        self.step = Step(rope=self.rope)
+        self.gpt = GPTModel(
+            config=transformer_config(cfg, compute_dtype),
+            transformer_layer_spec=block_spec(cfg, engine, self.step),
+            **gpt_model_kwargs(cfg),
+        )
+
+    @property
+    def embed_tokens(self) -> torch.nn.Module:
+        """The embedding (the engine reads the model's device and dtype from its weight)."""
+        return self.gpt.embedding.word_embeddings
+
+    def _head(self, hidden_states, output_layer, output_weight, context, **_):
+        """megatron's output processor: [T, B, H] final-normed states -> zkl's logits."""
+        x = hidden_states.transpose(0, 1)  # [B, T, H]
+        if context is not None:  # logit_index [B]
+            x = x[torch.arange(x.shape[0], device=x.device), context]
+        if is_enabled("batch_invariant_gemm"):
+            weight = output_layer.weight if output_weight is None else output_weight
+            return ops.linear(x, weight, None)
+        logits, _ = output_layer(x, weight=output_weight, runtime_gather_output=True)
+        return logits
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache=None,
+        slots: torch.Tensor | None = None,
+        logit_index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """tokens, positions [B, T] -> logits [B, T, V] (or [B, V] at `logit_index` [B]).
+
+        As `Transformer.forward`: with `cache`, K/V go to the cache rows `slots` and attention
+        reads every cached key of the row; without it, positions are 0..T-1.
+        """
+        self.step.positions, self.step.cache, self.step.slots = positions, cache, slots
+        try:
+            return self.gpt(
+                input_ids=tokens,
+                position_ids=positions,
+                attention_mask=None,
+                output_processor=self._head,
+                output_processor_context=logit_index,
+            )
+        finally:
+            self.step.positions = self.step.cache = self.step.slots = None
+
+
+def _cast(model: MegatronLM, compute_dtype: torch.dtype) -> None:
+    """zkl's recipe in megatron's names: norms and the MoE router stay fp32, the rest casts."""
+    for name, module in model.named_modules():
+        fp32 = keeps_fp32(name) or name.endswith("mlp.router")
+        for p in module.parameters(recurse=False):
+            p.data = p.data.to(torch.float32 if fp32 else compute_dtype)
+
+
+def _load_dist_checkpoint(model: MegatronLM, path: str) -> None:
+    from megatron.core import dist_checkpointing
+
+    sharded = model.gpt.sharded_state_dict(prefix="")
+    state = dist_checkpointing.load(sharded, path)
+    model.gpt.load_state_dict(state, strict=False)
+
+
+def build_megatron_model(
+    cfg: ModelConfig,
+    engine: str,
+    compute_dtype: torch.dtype,
+    seed: int = 0,
+    device: torch.device | str = "cuda",
+) -> MegatronLM:
+    """The megatron model on `device` with zkl's weights (seeded, HF) or a dist checkpoint."""
+    device = torch.device(device)
+    ensure_parallel_state(device, seed)
+    model = MegatronLM(cfg, engine, compute_dtype)
+    is_dist = bool(cfg.checkpoint) and (Path(cfg.checkpoint) / "metadata.json").is_file()
+    if is_dist:
+        _load_dist_checkpoint(model, cfg.checkpoint)
+    else:
+        model.gpt.load_state_dict(native_state_for(cfg, engine, seed), strict=True)
+    _cast(model, compute_dtype)
+    return model.to(device)
+
+
+def native_state_for(cfg: ModelConfig, engine: str, seed: int) -> dict[str, torch.Tensor]:
+    """zkl's native weights (seeded init or `cfg.checkpoint`) in megatron's names, fp32 CPU."""
+    if cfg.checkpoint:
+        from zkl.models.hf_checkpoint import load_state_dict
+
+        state = load_state_dict(cfg.checkpoint, cfg, "cpu")
+    else:
+        native = Transformer(cfg)
+        init_weights(native, seed)
+        state = native.state_dict()
+    return to_megatron(state, cfg, engine)

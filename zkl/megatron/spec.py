@@ -1,0 +1,277 @@
+"""zkl's fixes inside megatron-core, through its ModuleSpec: no fork, no monkey-patching.
+
+Each zkl module here subclasses the megatron class the engine's own spec would use and
+keeps its parameters and names; its forward asks the fix registry at call time: fix on ->
+zkl's invariant kernel (`zkl.ops`), fix off -> megatron's own forward. So default mode is
+megatron's code, zero mode is zkl's kernels, and `fixes.<name>=false` ablates one source.
+
+Core attention is always zkl's slot, because it is where zkl's KV cache plugs in: it applies
+zkl's rotary at each token's absolute position, writes K/V to the cache rows of the batch
+(`Step`), and attends over them, with megatron's `DotProductAttention` math when
+`attention_fixed_split` is off.
+
+Imports megatron-core (Python >= 3.12); `zkl.megatron.check` runs first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
+from megatron.core.models.backends import LocalSpecProvider
+from megatron.core.models.gpt.gpt_layer_specs import get_mlp_module_spec_for_backend
+from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.identity_op import IdentityOp
+from megatron.core.transformer.moe.moe_layer import MoELayer
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
+
+from zkl import ops
+from zkl.invariance import is_enabled
+from zkl.models.config import ModelConfig
+from zkl.models.transformer import fixed_route, run_experts
+
+
+@dataclass
+class Step:
+    """What one forward's attention needs beyond megatron's arguments; set by the model.
+
+    positions [B, T] (absolute); cache/slots for the gen path (None on the train path);
+    rope: zkl's rotary tables.
+    """
+
+    rope: torch.nn.Module
+    positions: torch.Tensor | None = None
+    cache: object | None = None
+    slots: torch.Tensor | None = None
+
+
+# -- norms ------------------------------------------------------------------------------
+
+
+class ZklRMSNorm(torch.nn.Module):
+    """RMSNorm slot (megatron's local spec: `torch.nn.RMSNorm` via WrappedTorchNorm).
+
+    Fix on: `zkl.ops.rms_norm` (one program per row); off: torch's `F.rms_norm`, as
+    megatron's local spec runs it.
+    """
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, **_):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+        self.config = config
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if is_enabled("batch_invariant_reductions"):
+            return ops.rms_norm(x, self.weight, self.eps)
+        return F.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), self.eps)
+
+
+# -- linear layers (TP = 1) ------------------------------------------------------------
+
+
+def _zkl_linear(module, x: torch.Tensor, weight: torch.Tensor | None):
+    """The (output, bias) pair megatron's parallel linears return, through `zkl.ops.linear`."""
+    weight = module.weight if weight is None else weight
+    bias = getattr(module, "bias", None)
+    if getattr(module, "skip_bias_add", False):
+        return ops.linear(x, weight, None), bias
+    return ops.linear(x, weight, bias), None
+
+
+class ZklColumnParallelLinear(ColumnParallelLinear):
+    def forward(self, input_, weight=None, runtime_gather_output=None):
+        if is_enabled("batch_invariant_gemm"):
+            return _zkl_linear(self, input_, weight)
+        return super().forward(input_, weight, runtime_gather_output)
+
+
+class ZklRowParallelLinear(RowParallelLinear):
+    def forward(self, input_):
+        if is_enabled("batch_invariant_gemm"):
+            return _zkl_linear(self, input_, None)
+        return super().forward(input_)
+
+
+def zkl_linear_class(base: type) -> type:
+    """A subclass of any megatron/TE linear `base` whose forward takes zkl's GEMM when on.
+
+    For the TE and inference specs. A `*LayerNormColumnParallelLinear` base carries the
+    fused pre-norm (`layer_norm_weight`): zkl runs it as `zkl.ops.rms_norm`, then the GEMM.
+    """
+    fused_norm = "LayerNorm" in base.__name__
+
+    def forward(self, input_, *args, **kwargs):
+        if not is_enabled("batch_invariant_gemm"):
+            return base.forward(self, input_, *args, **kwargs)
+        if fused_norm:
+            input_ = ops.rms_norm(input_, self.layer_norm_weight, self.config.layernorm_epsilon)
+        return _zkl_linear(self, input_, None)
+
+    return type(f"Zkl{base.__name__}", (base,), {"forward": forward, "__doc__": base.__doc__})
+
+
+# -- attention ---------------------------------------------------------------------------
+
+
+class ZklCoreAttention(DotProductAttention):
+    """Core attention over zkl's KV cache, at absolute positions (continuous batching).
+
+    q/k/v arrive as megatron's [T, B, heads, D] before any rotary (the model is built with
+    no megatron position embedding); the rotary is zkl's, so train and gen apply it alike.
+    """
+
+    def __init__(self, *args, step: Step, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.step = step
+
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        attention_mask,
+        attn_mask_type=None,
+        attention_bias=None,
+        packed_seq_params=None,
+    ):
+        step = self.step
+        positions = step.positions  # [B, T]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [B, H, T, D]
+        q, k = step.rope(q, positions), step.rope(k, positions)
+        kv_rows = None
+        if step.cache is not None:  # K/V to the cache first; attention reads the rows' slots
+            k, v = step.cache.update(self.layer_number - 1, step.slots, positions, k, v)
+            kv_rows = step.slots
+        if is_enabled("attention_fixed_split"):
+            out = ops.attention(q, k, v, positions, kv_rows)  # [B, H, T, D]
+            return out.permute(2, 0, 1, 3).reshape(q.shape[2], q.shape[0], -1)
+        if kv_rows is not None:
+            k, v = k[kv_rows], v[kv_rows]
+        num_keys = int(positions.max().item()) + 1
+        k, v = k[:, :, :num_keys], v[:, :, :num_keys]
+        masked = torch.arange(num_keys, device=q.device) > positions.unsqueeze(-1)  # [B, T, K]
+        return super().forward(
+            q.permute(2, 0, 1, 3),
+            k.permute(2, 0, 1, 3),
+            v.permute(2, 0, 1, 3),
+            masked.unsqueeze(1),  # [B, 1, T, K], True = not visible (megatron's convention)
+            attn_mask_type=AttnMaskType.arbitrary,
+        )
+
+
+# -- MoE ---------------------------------------------------------------------------------
+
+
+class ZklMoELayer(MoELayer):
+    """MoE slot. Fix on: zkl's fp32 router (stable top-k) and fixed-order combine over the
+    megatron experts' own modules; off: megatron's router, dispatcher and unpermute."""
+
+    def forward(self, hidden_states, *args, **kwargs):
+        if not is_enabled("moe_combine_order"):
+            return super().forward(hidden_states, *args, **kwargs)
+        experts = getattr(self.experts, "local_experts", None)
+        if experts is None:
+            raise NotImplementedError(
+                f"moe_combine_order needs per-expert modules (SequentialMLP); "
+                f"{type(self.experts).__name__} has grouped weights."
+            )
+        shape = hidden_states.shape
+        x = hidden_states.reshape(-1, shape[-1])  # [N, H]
+        top_i, top_w = fixed_route(
+            x,
+            self.router.weight,
+            self.config.moe_router_topk,
+            not self.config.moe_router_pre_softmax,
+        )
+
+        def expert_fn(module):
+            return lambda rows: module(rows)[0]
+
+        out = run_experts(x, top_i, top_w, [expert_fn(e) for e in experts], fixed=True)
+        return out.reshape(shape), None
+
+
+# -- the spec ----------------------------------------------------------------------------
+
+
+def _providers(engine: str):
+    """(backend provider, column linear, row linear, fused norm+linear or None, norm)."""
+    if engine == "megatron_local":
+        return LocalSpecProvider(), ZklColumnParallelLinear, ZklRowParallelLinear, None, ZklRMSNorm
+    from megatron.core.models.backends import InferenceSpecProvider, TESpecProvider
+
+    backend = InferenceSpecProvider() if engine == "inference_optimized" else TESpecProvider()
+    column = zkl_linear_class(backend.column_parallel_linear())
+    row = zkl_linear_class(backend.row_parallel_linear())
+    fused = zkl_linear_class(backend.column_parallel_layer_norm_linear())
+    return backend, column, row, fused, ZklRMSNorm
+
+
+def _mlp_spec(model: ModelConfig, engine: str, moe: bool):
+    backend, column, row, fused, _ = _providers(engine)
+    if not moe:
+        spec = get_mlp_module_spec_for_backend(backend=backend, num_experts=None)
+        submodules = spec.keywords["submodules"]
+        submodules.linear_fc1 = fused or column
+        submodules.linear_fc2 = row
+        return spec
+    if engine == "inference_optimized":
+        from megatron.core.models.gpt.moe_module_specs import get_inference_optimized_moe_spec
+
+        spec = get_inference_optimized_moe_spec()
+    else:
+        spec = get_mlp_module_spec_for_backend(
+            backend=backend, num_experts=model.num_experts, moe_grouped_gemm=False
+        )
+    experts = spec.keywords["submodules"].experts
+    expert_mlp = getattr(experts, "keywords", {}).get("submodules")
+    if expert_mlp is not None and hasattr(expert_mlp, "linear_fc1"):
+        expert_mlp.linear_fc1, expert_mlp.linear_fc2 = column, row
+    return partial(ZklMoELayer, *spec.args, **spec.keywords)
+
+
+def layer_spec(model: ModelConfig, engine: str, step: Step, moe: bool) -> ModuleSpec:
+    """One TransformerLayer spec with zkl's modules in every slot of `layer_spec_plan`."""
+    _, column, row, fused, norm = _providers(engine)
+    qk_norm = norm if model.qk_norm else IdentityOp
+    # MoE layers keep a separate pre-MLP norm (megatron's TE spec does the same).
+    pre_mlp = norm if (fused is None or moe) else IdentityOp
+    return ModuleSpec(
+        module=TransformerLayer,
+        submodules=TransformerLayerSubmodules(
+            input_layernorm=norm if fused is None else IdentityOp,
+            self_attention=ModuleSpec(
+                module=SelfAttention,
+                params={"attn_mask_type": AttnMaskType.causal},
+                submodules=SelfAttentionSubmodules(
+                    linear_qkv=fused or column,
+                    core_attention=partial(ZklCoreAttention, step=step),
+                    linear_proj=row,
+                    q_layernorm=qk_norm,
+                    k_layernorm=qk_norm,
+                ),
+            ),
+            self_attn_bda=get_bias_dropout_add,
+            pre_mlp_layernorm=pre_mlp,
+            mlp=_mlp_spec(model, engine, moe),
+            mlp_bda=get_bias_dropout_add,
+        ),
+    )
+
+
+def block_spec(model: ModelConfig, engine: str, step: Step) -> TransformerBlockSubmodules:
+    """The decoder: one layer spec per layer (dense or MoE by zkl's rule), zkl's final norm."""
+    layers = [
+        layer_spec(model, engine, step, model.layer_is_moe(i))
+        for i in range(model.num_hidden_layers)
+    ]
+    return TransformerBlockSubmodules(layer_specs=layers, layer_norm=ZklRMSNorm)

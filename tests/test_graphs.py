@@ -114,7 +114,8 @@ def test_one_padded_step_changes_no_real_row_and_no_padding_state():
             snapshots.append((c, s))
     (c1, s1), (c2, s2) = snapshots
     for slot in (3, 0):
-        assert torch.equal(c1.k[:, slot], c2.k[:, slot]) and torch.equal(c1.v[:, slot], c2.v[:, slot])
+        assert torch.equal(c1.k[:, slot], c2.k[:, slot])
+        assert torch.equal(c1.v[:, slot], c2.v[:, slot])
     for name, value in s1.__dict__.items():
         assert torch.equal(value[[3, 0]], getattr(s2, name)[[3, 0]]), name
         assert torch.equal(value[[1, 2]], getattr(state, name)[[1, 2]]), name  # untouched

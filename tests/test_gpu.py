@@ -201,8 +201,9 @@ def test_seeded_init_is_identical_on_cpu_and_gpu():
         assert torch.equal(a, b.cpu()), name
 
 
-def test_engine_zero_mode_on_gpu_any_schedule():
-    cfg = make_cfg("model=tiny_moe")
+@pytest.mark.parametrize("name", ["tiny_moe", "tiny_dense"])  # dense: decode in CUDA graphs
+def test_engine_zero_mode_on_gpu_any_schedule(name):
+    cfg = make_cfg(f"model={name}")
     model = build_model(cfg.model, torch.bfloat16, seed=1, device=DEV)
     g = torch.Generator().manual_seed(0)
     requests = [

@@ -4,7 +4,8 @@ Generation and scoring of the same rollout batch with every fix on and with ever
 interleaved REPEATS (5) times; reports tokens/s of each and the ratio. For a model with
 Mamba layers a third mode, every fix but `mamba_chunked_decode`, isolates what that fix
 costs decode (decode tokens/s: decode steps only, prefill excluded). The same Hydra
-config and overrides as `python -m zkl`.
+config and overrides as `python -m zkl`. On CUDA it writes the table of `zkl.bench_cuda`
+instead (graphs, batch sizes, the train step, GEMMs, the roofline, transformers).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def run_bench(cfg: ZklConfig, run_dir: str | Path) -> dict[str, float]:
     task = build_task(cfg.task, cfg.model.vocab_size)
     validate_run(cfg, task)
     policy = Policy(cfg)
+    if policy.model.embed_tokens.weight.is_cuda:
+        return run_cuda(policy.model, run_dir)
     _, requests = make_requests(cfg, task, step=0)
     modes = {"zero": frozenset(invariance.FIXES), "default": frozenset()}
     hybrid = getattr(policy.model, "num_mamba_layers", 0) > 0
@@ -79,6 +82,21 @@ def run_bench(cfg: ZklConfig, run_dir: str | Path) -> dict[str, float]:
     (Path(run_dir) / "bench.json").write_text(json.dumps(result, indent=1))
     for key, value in result.items():
         print(f"{key:36} {value:.4g}" if isinstance(value, float) else f"{key:36} {value}")
+    return result
+
+
+def run_cuda(model: torch.nn.Module, run_dir: str | Path) -> dict:
+    """The CUDA table (`zkl.bench_cuda`): bench.json, and a profile of one decode step per mode."""
+    from zkl import bench_cuda
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for mode, fixes in bench_cuda.MODES.items():
+        table = bench_cuda.profile_decode_step(model, 64, fixes)
+        (run_dir / f"profile_decode_b64_{mode}.txt").write_text(table)
+    result = bench_cuda.run_cuda_bench(model)
+    (run_dir / "bench.json").write_text(json.dumps(result, indent=1))
+    print(bench_cuda.format_table(result))
     return result
 
 

@@ -166,7 +166,6 @@ def hf_generate(model: torch.nn.Module, batch: int) -> dict[str, float] | str:
         rms_norm_eps=cfg.rms_norm_eps,
         max_position_embeddings=cfg.max_position_embeddings,
         tie_word_embeddings=cfg.tie_word_embeddings,
-        torch_dtype=torch.bfloat16,
     )
     device = model.embed_tokens.weight.device
     with torch.device(device):

@@ -94,8 +94,12 @@ def run_cuda(model: torch.nn.Module, run_dir: str | Path) -> dict:
     for mode, fixes in bench_cuda.MODES.items():
         table = bench_cuda.profile_decode_step(model, 64, fixes)
         (run_dir / f"profile_decode_b64_{mode}.txt").write_text(table)
-    result = bench_cuda.run_cuda_bench(model)
-    (run_dir / "bench.json").write_text(json.dumps(result, indent=1))
+
+    def save(partial: dict) -> None:
+        (run_dir / "bench.json").write_text(json.dumps(partial, indent=1))
+
+    result = bench_cuda.run_cuda_bench(model, checkpoint=save)
+    save(result)
     print(bench_cuda.format_table(result))
     return result
 

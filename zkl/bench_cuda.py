@@ -11,6 +11,7 @@ Timings are medians of CUDA-event timed repeats after a warm-up.
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from collections.abc import Callable
@@ -193,8 +194,17 @@ def hf_generate(model: torch.nn.Module, batch: int) -> dict[str, float] | str:
     return {"gen_tokens_per_s": batch * NEW_TOKENS / seconds, "version": transformers.__version__}
 
 
-def run_cuda_bench(model: torch.nn.Module, batches: tuple[int, ...] = BATCHES) -> dict:
-    """Every row of the CUDA table, as one flat dict (also the JSON written by zkl.bench)."""
+def run_cuda_bench(
+    model: torch.nn.Module,
+    batches: tuple[int, ...] = BATCHES,
+    checkpoint: Callable[[dict], None] | None = None,
+) -> dict:
+    """Every row of the CUDA table, as one flat dict (also the JSON written by zkl.bench).
+
+    `checkpoint(partial)` is called after each section, so a run cut short by a time limit
+    still leaves the rows it measured.
+    """
+    save = checkpoint or (lambda partial: None)
     out: dict[str, object] = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
@@ -222,15 +232,20 @@ def run_cuda_bench(model: torch.nn.Module, batches: tuple[int, ...] = BATCHES) -
         out[f"roofline/b{batch}/zero_fraction"] = roofline_s / step_s
         default_step_s = out[f"gen/b{batch}/default/decode_step_ms"] / 1e3
         out[f"roofline/b{batch}/default_fraction"] = roofline_s / default_step_s
+        gc.collect()  # each engine holds its graphs' memory pool until collected
+        torch.cuda.empty_cache()
+        save(out)
     for mode, fixes in MODES.items():
         out[f"train/{mode}/step_s"] = train_step(model, fixes)
     out["train/zero_over_default_time"] = out["train/zero/step_s"] / out["train/default/step_s"]
+    save(out)
     cfg = model.cfg
     out.update({f"gemm/4096^3/{k}": v for k, v in gemm_ratio(4096, 4096, 4096).items()})
     for m, label in ((TRAIN_SEQS * TRAIN_LEN, "train"), (64, "decode64")):
         for name, k, n in gemm_shapes(cfg):
             for key, value in gemm_ratio(m, k, n).items():
                 out[f"gemm/{label}/{name}_M{m}_K{k}_N{n}/{key}"] = value
+    save(out)
     hf_batch = 64 if 64 in batches else batches[-1]
     hf = hf_generate(model, hf_batch)
     if isinstance(hf, str):

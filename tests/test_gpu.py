@@ -201,8 +201,11 @@ def test_seeded_init_is_identical_on_cpu_and_gpu():
         assert torch.equal(a, b.cpu()), name
 
 
-def test_engine_zero_mode_on_gpu_any_schedule():
-    cfg = make_cfg("model=tiny_moe")
+@pytest.mark.parametrize(
+    ("name", "graphs"), [("tiny_moe", "off"), ("tiny_dense", "off"), ("tiny_dense", "on")]
+)
+def test_engine_zero_mode_on_gpu_any_schedule(name, graphs):
+    cfg = make_cfg(f"model={name}")
     model = build_model(cfg.model, torch.bfloat16, seed=1, device=DEV)
     g = torch.Generator().manual_seed(0)
     requests = [
@@ -217,7 +220,12 @@ def test_engine_zero_mode_on_gpu_any_schedule():
     with invariance.enabled(invariance.FIXES):
         for batch, chunk, sync in ((1, 0, 1), (4, 5, 3), (11, 16, 8)):
             engine = GenerationEngine(
-                model, max_batch_size=batch, eos_id=1, prefill_chunk=chunk, sync_every=sync
+                model,
+                max_batch_size=batch,
+                eos_id=1,
+                prefill_chunk=chunk,
+                sync_every=sync,
+                cuda_graphs=graphs,
             )
             done = engine.generate(requests)
             lp_train = score(model, [c.prompt for c in done], [c.tokens for c in done])
@@ -248,3 +256,20 @@ def test_dedicated_cuda_ipc_equals_colocated(tmp_path):
     for a, b in zip(colocated, dedicated):
         assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
         assert b["train/max_abs_logprob_diff"] == 0.0
+
+
+def test_gemm_tile_configs_agree_and_rows_are_m_invariant(monkeypatch):
+    """The large tile (K, N >= 1024) gives the bits of the small one (K walked in order on
+    Hopper), and rows never depend on M at 4096^3 and the 1.5B's deepest shape."""
+    from zkl.ops.triton import gemm
+
+    g = torch.Generator(device=DEV).manual_seed(2)
+    for depth, width in ((4096, 4096), (8960, 1536), (1536, 8960)):
+        assert gemm.config_for(depth, width, torch.bfloat16) == gemm.LARGE_16
+        x = torch.randn(1007, depth, device=DEV, generator=g).to(torch.bfloat16)
+        w = (torch.randn(width, depth, device=DEV, generator=g) * 0.02).to(torch.bfloat16)
+        assert row_mismatches(cuda.linear, x, w) == 0, (depth, width)
+        large = gemm.gemm(x, w)
+        with monkeypatch.context() as m:
+            m.setattr(gemm, "config_for", lambda *_: gemm.SMALL_16)
+            assert torch.equal(gemm.gemm(x, w), large), (depth, width)

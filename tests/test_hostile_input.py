@@ -52,6 +52,8 @@ TRACEBACKS = [  # category 1: each used to fail later with a traceback
     (["model.init_std=-1"], "model.init_std"),
 ]
 IGNORED = [  # category 3: each used to run as if it had not been given
+    (["engine.cuda_graphs=sometimes"], "engine.cuda_graphs"),
+    (["engine.cuda_graphs=on"], "engine.cuda_graphs"),  # the CPU default device
     (["tracking.dump_tokens='²'"], "tracking.dump_tokens"),
     (["tracking.dump_tokens='99999999999999999999'"], "tracking.dump_tokens"),
     (["layout.timeout_s=0"], "layout.timeout_s"),

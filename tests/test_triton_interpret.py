@@ -104,3 +104,23 @@ def test_attention_backward_matches_sdpa():
     fast.attention(q, k, v, positions).square().sum().backward()
     for got, t in zip(grads, (q, k, v)):
         torch.testing.assert_close(got, t.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_gemm_config_depends_on_the_weight_only_and_rows_are_m_invariant():
+    """Both 16-bit tile configs index and mask every M and row offset right (interpreter, fp16:
+    NumPy has no bf16). Its dot is NumPy's, so bitwise M-invariance is the GPU tests' claim
+    (tests/test_gpu.py: every model shape, M from 1 to 1000)."""
+    assert gemm.config_for(1024, 1024, torch.bfloat16) == gemm.LARGE_16
+    assert gemm.config_for(1024, 256, torch.bfloat16) == gemm.SMALL_16
+    assert gemm.config_for(64, 4096, torch.float16) == gemm.SMALL_16
+    assert gemm.config_for(8960, 1536, torch.float32) == gemm.FP32
+    g = torch.Generator().manual_seed(0)
+    for depth, width in ((1024, 1024), (96, 200)):
+        x = torch.randn(131, depth, generator=g).to(torch.float16)
+        w = (torch.randn(width, depth, generator=g) * 0.05).to(torch.float16)
+        full = gemm.gemm(x, w)
+        ref = (x.float() @ w.float().t()).to(torch.float16)
+        assert (full.float() - ref.float()).abs().max() <= 0.05
+        for lo, m in ((0, 1), (5, 3), (0, 130), (100, 31)):
+            part = gemm.gemm(x[lo : lo + m], w).float()
+            assert torch.allclose(part, full[lo : lo + m].float(), rtol=2e-3, atol=2e-3), m

@@ -7,7 +7,10 @@ costs decode (decode tokens/s: decode steps only, prefill excluded). With
 `+layout=dedicated` it also times REPEATS refits to the generation process (GB/s of the
 refit buffer) against the transport's own bandwidth between the two sides, measured in the
 same run with buffers of the same size. The same Hydra config and overrides as
-`python -m zkl`.
+`python -m zkl`. On CUDA it writes the table of `zkl.bench_cuda` instead (graphs,
+batch sizes, the train step, GEMMs, the roofline, transformers), or with
+`+layout=dedicated` the refit figures alone (the engine's kernels do not depend on the
+layout).
 """
 
 from __future__ import annotations
@@ -102,6 +105,10 @@ def run_bench(cfg: ZklConfig, run_dir: str | Path) -> dict[str, float]:
     task = build_task(cfg.task, cfg.model.vocab_size)
     validate_run(cfg, task)
     policy = Policy(cfg)
+    if policy.model.embed_tokens.weight.is_cuda:
+        if cfg.layout.name == "dedicated":  # the engine's own table is the same in any layout
+            return _write(measure_refit(cfg, policy, task.tokenizer.eos_id), run_dir)
+        return run_cuda(policy.model, run_dir)
     _, requests = make_requests(cfg, task, step=0)
     modes = {"zero": frozenset(invariance.FIXES), "default": frozenset()}
     hybrid = getattr(policy.model, "num_mamba_layers", 0) > 0
@@ -127,10 +134,34 @@ def run_bench(cfg: ZklConfig, run_dir: str | Path) -> dict[str, float]:
             result["zero_without_mamba_fix/decode_tokens_per_s"]
             / result["zero/decode_tokens_per_s"]
         )
+    return _write(result, run_dir)
+
+
+def _write(result: dict, run_dir: str | Path) -> dict:
+    """bench.json in the run directory, and one line per figure on stdout."""
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     (Path(run_dir) / "bench.json").write_text(json.dumps(result, indent=1))
     for key, value in result.items():
         print(f"{key:36} {value:.4g}" if isinstance(value, float) else f"{key:36} {value}")
+    return result
+
+
+def run_cuda(model: torch.nn.Module, run_dir: str | Path) -> dict:
+    """The CUDA table (`zkl.bench_cuda`): bench.json, and a profile of one decode step per mode."""
+    from zkl import bench_cuda
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for mode, fixes in bench_cuda.MODES.items():
+        table = bench_cuda.profile_decode_step(model, 64, fixes)
+        (run_dir / f"profile_decode_b64_{mode}.txt").write_text(table)
+
+    def save(partial: dict) -> None:
+        (run_dir / "bench.json").write_text(json.dumps(partial, indent=1))
+
+    result = bench_cuda.run_cuda_bench(model, checkpoint=save)
+    save(result)
+    print(bench_cuda.format_table(result))
     return result
 
 

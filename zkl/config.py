@@ -20,6 +20,7 @@ from zkl.checkpoint_check import check_checkpoint
 from zkl.config_keys import reject_unknown_keys
 from zkl.device import check_device, generator_device, resolve_device
 from zkl.errors import ConfigError
+from zkl.generation.graphs import graph_setting
 from zkl.invariance import FIXES
 from zkl.megatron.check import engine_problem
 from zkl.megatron.mapping import ENGINES
@@ -60,6 +61,9 @@ class EngineConfig:
     prefill_chunk: int = 0  # 0: whole prompt in one forward
     prefix_cache_blocks: int = 4096
     sync_every: int = 0  # decode steps between host looks at finished rows; 0: 1 CPU, 8 CUDA
+    # Decode in CUDA graphs: off (default until the H200 run confirms them) | auto (on for
+    # CUDA dense models) | on.
+    cuda_graphs: str = "off"
 
 
 @dataclass
@@ -324,6 +328,11 @@ def validate(
     _positive(cfg.engine.max_batch_size, "engine.max_batch_size")
     if cfg.engine.sync_every < 0:
         raise ConfigError(f"engine.sync_every={cfg.engine.sync_every} must be >= 0 (0: auto).")
+    graphs = graph_setting(cfg.engine.cuda_graphs)
+    if graphs not in ("auto", "on", "off"):
+        raise ConfigError(f"engine.cuda_graphs={cfg.engine.cuda_graphs!r} must be auto, on or off.")
+    if graphs == "on" and not on_cuda:
+        raise ConfigError("engine.cuda_graphs=on needs device=cuda; use auto or off on the CPU.")
     if cfg.engine.prefill_chunk < 0:
         raise ConfigError(f"engine.prefill_chunk={cfg.engine.prefill_chunk} must be >= 0.")
     _positive(cfg.engine.prefix_cache_blocks, "engine.prefix_cache_blocks")

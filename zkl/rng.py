@@ -37,8 +37,9 @@ def _words(part: int | torch.Tensor, device) -> list[torch.Tensor]:
     if isinstance(part, int):
         if not 0 <= part < 1 << 64:
             raise ValueError(f"a random key must be in [0, 2**64), got {part}")
+        # torch.full, not torch.tensor: no host-to-device copy, so a CUDA graph can capture it
         return [
-            torch.tensor(w, dtype=torch.int64, device=device) for w in (part & MASK32, part >> 32)
+            torch.full((), w, dtype=torch.int64, device=device) for w in (part & MASK32, part >> 32)
         ]
     part = part.to(device=device, dtype=torch.int64)
     return [part & MASK32, (part >> 32) & MASK32]
@@ -46,7 +47,7 @@ def _words(part: int | torch.Tensor, device) -> list[torch.Tensor]:
 
 def key(*parts: int | torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
     """Fold integer keys (Python ints below 2^64 or int64 tensors) into 32-bit hashes."""
-    h = torch.tensor(_GOLDEN, dtype=torch.int64, device=device)
+    h = torch.full((), _GOLDEN, dtype=torch.int64, device=device)
     for part in parts:
         for word in _words(part, device):
             h = mix32(h ^ word)

@@ -12,6 +12,7 @@ what a fast engine reports: the logprob of the processed logits in the model dty
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import deque
@@ -20,12 +21,17 @@ from dataclasses import dataclass
 import torch
 
 from zkl import ops
+from zkl.generation.graphs import BucketedDecode, graph_setting, graph_unsupported_reason
 from zkl.generation.kv_cache import KVCache
 from zkl.generation.mamba_cache import HybridCache
 from zkl.generation.prefix_cache import BLOCK, PrefixCache
 from zkl.generation.sampling import SamplingParams, gumbel_noise, processed_logits
-from zkl.invariance import is_enabled
+from zkl.invariance import FIXES, is_enabled
 from zkl.precision import weight_cache
+
+log = logging.getLogger(__name__)
+GRAPH_SETTINGS = ("auto", "on", "off")
+CAPACITY_STEP = 256  # graphs keep their cache: lengths round up to this, so few recaptures
 
 
 @dataclass
@@ -105,6 +111,7 @@ class GenerationEngine:
         prefill_chunk: int = 0,
         prefix_cache_blocks: int = 4096,
         sync_every: int = 1,
+        cuda_graphs: str = "off",
     ):
         self.model = model
         self.max_batch_size = max_batch_size
@@ -116,6 +123,27 @@ class GenerationEngine:
         self.weight_version = 0
         self.quant_cache: dict[int, torch.Tensor] = {}  # quantized weights, filled lazily
         self.stats = EngineStats()
+        self.decoder = self._graph_decoder(cuda_graphs)
+        self._static: tuple | None = None  # (cache, state) the graphs read, kept across calls
+
+    def _graph_decoder(self, setting: str) -> BucketedDecode | None:
+        """`engine.cuda_graphs`: auto = on where the model's decode can be captured."""
+        setting = graph_setting(setting)
+        if setting not in GRAPH_SETTINGS:
+            raise ValueError(f"engine.cuda_graphs={setting!r} must be auto, on or off.")
+        if setting == "off":
+            return None
+        reason = graph_unsupported_reason(self.model)
+        if reason is not None:
+            if setting == "on":
+                raise ValueError(
+                    f"engine.cuda_graphs=on cannot work here: {reason}; "
+                    "use engine.cuda_graphs=auto or off."
+                )
+            if self.device.type == "cuda":
+                log.info("engine.cuda_graphs=auto: decode runs without graphs: %s", reason)
+            return None
+        return BucketedDecode(self._decode_step, self.max_batch_size, capture=True)
 
     @property
     def hybrid(self) -> bool:
@@ -133,13 +161,20 @@ class GenerationEngine:
         if self.kv_mode == "recompute" and self.prefix_cache is not None:
             self.prefix_cache.clear()
         if is_enabled("quantized_weight_refresh"):
+            if self.quant_cache and self.decoder is not None:
+                self.decoder.drop()  # the graphs read the quantized copies about to go
             self.quant_cache.clear()
 
     # -- the loop ---------------------------------------------------------------------
     def configure(self, max_batch_size: int | None = None, prefill_chunk: int | None = None):
         """Change the scheduling knobs (certification varies them; results must not change)."""
-        if max_batch_size is not None:
+        if max_batch_size is not None and max_batch_size != self.max_batch_size:
             self.max_batch_size = max_batch_size
+            self._static = None
+            if self.decoder is not None:
+                self.decoder = BucketedDecode(
+                    self._decode_step, max_batch_size, capture=self.decoder.capture
+                )
         if prefill_chunk is not None:
             self.prefill_chunk = prefill_chunk
 
@@ -147,9 +182,52 @@ class GenerationEngine:
     def generate(self, requests: list[Request]) -> list[Completion]:
         """Run every request to EOS or its limit; completions come back in request order."""
         self.stats = EngineStats()
-        cfg, device = self.model.cfg, self.device
+        device = self.device
         max_new = max(r.params.max_new_tokens for r in requests)
         max_len = max(len(r.prompt) for r in requests) + max_new
+        if self.decoder is None:
+            cache, state = self._new_buffers(max_len, max_new)
+        else:
+            cache, state = self._static_buffers(max_len, max_new)
+        self._filters = (
+            any(r.params.top_k > 0 for r in requests),
+            any(r.params.top_p < 1 for r in requests),
+        )
+        waiting = deque(requests)
+        free = list(range(self.max_batch_size - 1, -1, -1))
+        running: dict[int, Request] = {}
+        done: dict[int, Completion] = {}
+        with weight_cache(self.quant_cache):
+            if self.decoder is not None:  # every slot is free here, as a capture needs
+                self._cache, self._state = cache, state
+                self.decoder.prepare(self._graph_key(), device)
+            while waiting or running:
+                admitted: list[tuple[int, Request]] = []
+                while waiting and free:
+                    admitted.append((free.pop(), waiting.popleft()))
+                if admitted:
+                    self.stats.joined_running += len(admitted) if running else 0
+                    self._prefill(cache, state, admitted)
+                    running.update(admitted)
+                    self._retire(state, running, free, done)
+                if running:
+                    t0 = time.perf_counter()
+                    if self.decoder is None:
+                        rows = torch.tensor(list(running), device=device)
+                        for _ in range(self.sync_every):
+                            self._decode(cache, state, rows)
+                    else:
+                        size = self.decoder.load(list(running), free)
+                        for _ in range(self.sync_every):
+                            self.decoder.run(size)
+                            self.stats.decode_steps += 1
+                    self._retire(state, running, free, done)  # reads the device: a sync
+                    self.stats.decode_s += time.perf_counter() - t0
+        return [done[r.request_id] for r in requests]
+
+    def _new_buffers(self, max_len: int, max_new: int) -> tuple[KVCache, SlotState]:
+        """A KV cache (and Mamba state) and slot state sized for one generate call."""
+        cfg, device = self.model.cfg, self.device
         dtype = self.model.embed_tokens.weight.dtype
         if self.hybrid:
             cache = HybridCache(self.model, self.max_batch_size, max_len, dtype, device)
@@ -163,33 +241,34 @@ class GenerationEngine:
                 dtype,
                 device,
             )
-        state = SlotState(self.max_batch_size, max_new, device)
-        self._filters = (
-            any(r.params.top_k > 0 for r in requests),
-            any(r.params.top_p < 1 for r in requests),
-        )
-        waiting = deque(requests)
-        free = list(range(self.max_batch_size - 1, -1, -1))
-        running: dict[int, Request] = {}
-        done: dict[int, Completion] = {}
-        with weight_cache(self.quant_cache):
-            while waiting or running:
-                admitted: list[tuple[int, Request]] = []
-                while waiting and free:
-                    admitted.append((free.pop(), waiting.popleft()))
-                if admitted:
-                    self.stats.joined_running += len(admitted) if running else 0
-                    self._prefill(cache, state, admitted)
-                    running.update(admitted)
-                    self._retire(state, running, free, done)
-                if running:
-                    t0 = time.perf_counter()
-                    rows = torch.tensor(list(running), device=device)
-                    for _ in range(self.sync_every):
-                        self._decode(cache, state, rows)
-                    self._retire(state, running, free, done)  # reads the device: a sync
-                    self.stats.decode_s += time.perf_counter() - t0
-        return [done[r.request_id] for r in requests]
+        return cache, SlotState(self.max_batch_size, max_new, device)
+
+    def _static_buffers(self, max_len: int, max_new: int) -> tuple[KVCache, SlotState]:
+        """The buffers the graphs read: kept while they are big enough, else grown (recapture).
+
+        Every slot is marked done (free) for the new call; the rest is rewritten on admission.
+        """
+        if self._static is not None:
+            cache, state = self._static
+            if cache.max_len >= max_len and state.out_tokens.shape[1] >= max_new:
+                state.done.fill_(True)
+                return cache, state
+        self._static = None  # free the old buffers before allocating bigger ones
+        self.decoder.drop()  # its graphs read the old buffers
+        step = CAPACITY_STEP
+        self._static = self._new_buffers(-(-max_len // step) * step, -(-max_new // step) * step)
+        return self._static
+
+    def _graph_key(self) -> tuple:
+        """What a captured graph bakes in besides the buffers: if it changed, recapture.
+
+        A refit copies weights in place, so the parameter addresses stay; new buffers or
+        quantized weights drop the graphs where they are replaced (`_static_buffers`,
+        `on_refit`).
+        """
+        params = tuple(p.data_ptr() for p in self.model.parameters())
+        fixes = tuple(name for name in FIXES if is_enabled(name))
+        return (self.max_batch_size, self._filters, fixes, params)
 
     def _retire(self, state: SlotState, running: dict, free: list[int], done: dict) -> None:
         """The host's look at the device state: move finished requests out of their slots."""
@@ -326,10 +405,17 @@ class GenerationEngine:
 
     def _decode(self, cache: KVCache, state: SlotState, rows: torch.Tensor) -> None:
         """One token for every running slot `rows` [B], all in one batch, all on the device."""
+        self._decode_rows(cache, state, rows)
+        self.stats.decode_steps += 1
+
+    def _decode_step(self, rows: torch.Tensor) -> None:
+        """The captured step: one token for the slot rows [B] of the static cache and state."""
+        self._decode_rows(self._cache, self._state, rows)
+
+    def _decode_rows(self, cache: KVCache, state: SlotState, rows: torch.Tensor) -> None:
         tokens = state.token[rows].unsqueeze(1)
         positions = state.pos[rows].unsqueeze(1)
         logits = self.model(tokens, positions, cache, rows)[:, 0]
-        self.stats.decode_steps += 1
         self._sample(state, rows, logits)
 
     def _sample(self, state: SlotState, rows: torch.Tensor, logits: torch.Tensor) -> None:

@@ -66,6 +66,7 @@ def build_engine(cfg, model: torch.nn.Module, eos_id: int | None) -> GenerationE
         prefill_chunk=cfg.engine.prefill_chunk,
         prefix_cache_blocks=cfg.engine.prefix_cache_blocks,
         sync_every=sync_every(cfg, device),
+        cuda_graphs=cfg.engine.cuda_graphs,
     )
 
 

@@ -34,9 +34,18 @@ def attention(
     q_pos: torch.Tensor,
     kv_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """SDPA: `is_causal` when queries are the keys (scoring, whole prefill), else a mask."""
+    """SDPA: `is_causal` when queries are the keys (scoring, whole prefill), else a mask.
+
+    While a CUDA graph captures (decode), nothing may be read back to the host: the mask then
+    spans the whole cache instead of the keys up to the last position.
+    """
     if kv_rows is not None:
         k, v = k[kv_rows], v[kv_rows]
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():
+        mask = torch.arange(k.shape[2], device=q.device) <= q_pos.unsqueeze(-1)  # [B, Tq, Tk]
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask.unsqueeze(1), enable_gqa=q.shape[1] != k.shape[1]
+        )
     num_q = q.shape[2]
     num_keys = int(q_pos.max().item()) + 1
     k, v = k[:, :, :num_keys], v[:, :, :num_keys]

@@ -1,4 +1,4 @@
-"""`x @ w.T (+ b)` with one tile configuration per dtype and K walked in order, never split.
+"""`x @ w.T (+ b)` with a tile configuration fixed by (K, N, dtype) and K walked in order.
 
 Why this kernel and not cuBLAS: cuBLAS picks its algorithm (and split-K) from M, so a row's
 bits change with the batch. Measured on an H200 (DESIGN.md section 4): a GEMM that walks K
@@ -13,13 +13,22 @@ import torch
 import triton
 import triton.language as tl
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) per input dtype; fixed on purpose.
-CONFIGS = {
-    torch.bfloat16: (64, 128, 64, 4, 3),
-    torch.float16: (64, 128, 64, 4, 3),
-    torch.float32: (32, 64, 32, 4, 2),
-}
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): chosen by (K, N, dtype), never by M,
+# so a row's bits cannot change with the batch; the train and the gen path share each shape's.
+SMALL_16 = (64, 128, 64, 4, 3)  # 16-bit inputs, narrow or shallow weights
+LARGE_16 = (128, 256, 64, 8, 3)  # 16-bit inputs, K and N >= 1024 (Triton's Hopper tutorial tile)
+FP32 = (32, 64, 32, 4, 2)  # IEEE fp32 (the router): no TF32
+LARGE_MIN = 1024
 GROUP_M = 8
+
+
+def config_for(depth: int, width: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
+    """The tile config of a GEMM with K = `depth`, N = `width`: a function of the weight only."""
+    if dtype == torch.float32:
+        return FP32
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"gemm supports bf16, fp16 and fp32, not {dtype}")
+    return LARGE_16 if depth >= LARGE_MIN and width >= LARGE_MIN else SMALL_16
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -83,7 +92,7 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     out = torch.empty(num_rows, num_cols, dtype=x.dtype, device=x.device)
     if num_rows == 0:
         return out
-    block_m, block_n, block_k, warps, stages = CONFIGS[x.dtype]
+    block_m, block_n, block_k, warps, stages = config_for(depth, num_cols, x.dtype)
     grid = (triton.cdiv(num_rows, block_m) * triton.cdiv(num_cols, block_n),)
     _gemm_kernel[grid](
         x,

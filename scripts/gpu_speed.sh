@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Issue 11 on one H200, in one call of at most ~9 minutes: the GPU tests (graphs on), then
+# the CUDA benchmark table (zkl.bench) with a profile of one decode step per mode.
+#   OUT=/some/dir bash scripts/gpu_speed.sh
+# Everything lands under $OUT: env.txt, pytest_gpu.log, bench.log, bench/bench.json,
+# bench/profile_decode_b64_{zero,default}.txt. Each stage is bounded by `timeout`.
+set -uo pipefail
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT/bench"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+Q="tracking.wandb.mode=disabled tracking.progress=false"
+{
+  date -u +%FT%TZ
+  git rev-parse HEAD 2>/dev/null
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+  python3 -c "import transformers; print('transformers', transformers.__version__)" 2>&1
+} > "$OUT/env.txt" 2>&1
+
+echo "=== $(date +%T) pytest -m gpu" > "$OUT/pytest_gpu.log"
+timeout 250 python3 -m pytest -m gpu -q -rfE tests >> "$OUT/pytest_gpu.log" 2>&1
+echo "pytest rc=$?" >> "$OUT/pytest_gpu.log"
+
+echo "=== $(date +%T) zkl.bench" > "$OUT/bench.log"
+timeout 270 python3 -m zkl.bench $Q device=cuda model=qwen2_5_1_5b task.name=residue \
+  hydra.run.dir="$OUT/bench" >> "$OUT/bench.log" 2>&1
+echo "bench rc=$? $(date +%T)" >> "$OUT/bench.log"

@@ -1,0 +1,137 @@
+"""Decode in batch-size buckets (the CUDA-graph path), checked on the CPU without capture.
+
+The padding of a bucket is the part of the graph path that could change a result, so it is
+run here eagerly, exactly as the graphs run it: the real rows must be bitwise the same with
+and without padding rows (fixes on), and the padding slots' own state must not move.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_cfg
+
+from zkl import invariance
+from zkl.generation.engine import GenerationEngine, Request
+from zkl.generation.graphs import (
+    BucketedDecode,
+    bucket_for,
+    buckets_for,
+    graph_setting,
+    graph_unsupported_reason,
+    padded_rows,
+)
+from zkl.generation.sampling import SamplingParams
+from zkl.models import ModelConfig, build_model
+
+ALL = invariance.FIXES
+
+
+def _model(moe: bool = False):
+    cfg = ModelConfig(
+        family="qwen3_moe" if moe else "qwen3",
+        num_experts=4 if moe else 0,
+        num_experts_per_tok=2 if moe else 0,
+        moe_intermediate_size=32 if moe else 0,
+    )
+    return build_model(cfg, torch.bfloat16, seed=5)
+
+
+def _requests(n: int, seed: int = 0) -> list[Request]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        length = int(torch.randint(2, 30, (1,), generator=g))
+        prompt = torch.randint(2, 60, (length,), generator=g).tolist()
+        max_new = int(torch.randint(1, 9, (1,), generator=g))  # ragged: the batch shrinks
+        out.append(Request(i, prompt, SamplingParams(max_new_tokens=max_new, seed=7 * i)))
+    return out
+
+
+def test_buckets_and_padding_rows():
+    assert buckets_for(64) == (1, 2, 4, 8, 16, 32, 64)
+    assert buckets_for(100) == (1, 2, 4, 8, 16, 32, 64, 100)
+    assert buckets_for(1) == (1,)
+    assert [bucket_for(n, buckets_for(100)) for n in (1, 3, 4, 33, 65, 100)] == [
+        1,
+        4,
+        4,
+        64,
+        100,
+        100,
+    ]
+    with pytest.raises(ValueError):
+        bucket_for(101, buckets_for(100))
+    assert padded_rows([5, 2, 7], [6, 0, 3, 1], 5) == [5, 2, 7, 0, 1]
+    with pytest.raises(ValueError):
+        padded_rows([5, 2, 7], [6], 5)
+    assert [graph_setting(v) for v in ("auto", "on", "off", True, False, "True")] == [
+        "auto",
+        "on",
+        "off",
+        "on",
+        "off",
+        "on",
+    ]
+
+
+def test_padding_rows_leave_real_rows_bitwise_unchanged():
+    """Whole runs: eager decode of the running rows vs the bucketed decode with padding."""
+    model = _model()
+    requests = _requests(11)
+    with invariance.enabled(ALL):
+        plain = GenerationEngine(model, max_batch_size=6, eos_id=1, cuda_graphs="off")
+        expected = plain.generate(requests)
+        padded = GenerationEngine(model, max_batch_size=6, eos_id=1, cuda_graphs="off")
+        padded.decoder = BucketedDecode(padded._decode_step, 6, capture=False)
+        got = padded.generate(requests)
+        again = padded.generate(list(reversed(requests)))  # the static buffers, reused
+    assert padded.decoder.padding_rows > 0  # buckets 1, 2, 4, 6 padded some steps
+    assert padded.stats.decode_steps > 0
+    for a, b in zip(expected, got):
+        assert a.tokens == b.tokens and torch.equal(a.logprobs, b.logprobs)
+    for a, b in zip(expected, sorted(again, key=lambda c: c.request_id)):
+        assert a.tokens == b.tokens and torch.equal(a.logprobs, b.logprobs)
+
+
+def test_one_padded_step_changes_no_real_row_and_no_padding_state():
+    """One decode step: real rows [3, 0] alone vs with free slots 1, 2 as padding."""
+    model = _model()
+    engine = GenerationEngine(model, max_batch_size=4, eos_id=None, cuda_graphs="off")
+    requests = [Request(i, list(range(2, 9 + 3 * i)), SamplingParams(seed=i)) for i in range(4)]
+    with invariance.enabled(ALL), torch.no_grad():
+        engine._filters = (False, False)
+        cache, state = engine._new_buffers(40, 8)
+        engine._prefill(cache, state, list(enumerate(requests)))
+        state.done[1:3] = True  # slots 1 and 2 are free: the padding
+        snapshots = []
+        for rows in ([3, 0], [3, 0, 1, 2]):
+            c = type(cache).__new__(type(cache))
+            c.k, c.v, c.max_len = cache.k.clone(), cache.v.clone(), cache.max_len
+            s = type(state).__new__(type(state))
+            s.__dict__ = {k: v.clone() for k, v in state.__dict__.items()}
+            engine._decode_rows(c, s, torch.tensor(rows))
+            snapshots.append((c, s))
+    (c1, s1), (c2, s2) = snapshots
+    for slot in (3, 0):
+        assert torch.equal(c1.k[:, slot], c2.k[:, slot])
+        assert torch.equal(c1.v[:, slot], c2.v[:, slot])
+    for name, value in s1.__dict__.items():
+        assert torch.equal(value[[3, 0]], getattr(s2, name)[[3, 0]]), name
+        assert torch.equal(value[[1, 2]], getattr(state, name)[[1, 2]]), name  # untouched
+        assert torch.equal(getattr(s2, name)[[1, 2]], getattr(state, name)[[1, 2]]), name
+    assert not torch.equal(s1.count, state.count)  # the step did run
+
+
+def test_graph_setting_is_checked_and_explained():
+    dense, moe = _model(), _model(moe=True)
+    assert "CUDA device" in graph_unsupported_reason(dense)
+    assert "MoE" in graph_unsupported_reason(moe)
+    hybrid = build_model(make_cfg("model=tiny_hybrid").model, torch.bfloat16, seed=1)
+    assert "Mamba" in graph_unsupported_reason(hybrid)
+    with pytest.raises(ValueError, match="engine.cuda_graphs=on"):
+        GenerationEngine(dense, max_batch_size=2, eos_id=None, cuda_graphs="on")
+    with pytest.raises(ValueError, match="engine.cuda_graphs"):
+        GenerationEngine(dense, max_batch_size=2, eos_id=None, cuda_graphs="sometimes")
+    for model in (dense, moe):  # auto on the CPU: no graphs, no error
+        assert GenerationEngine(model, max_batch_size=2, eos_id=None).decoder is None

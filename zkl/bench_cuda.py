@@ -1,0 +1,293 @@
+"""The CUDA benchmark table (`python -m zkl.bench device=cuda`): what zero mode costs on a GPU.
+
+One process, one set of seeded weights, the same requests for every mode. Rows:
+- generation tokens/s, zero vs default mode, graphs on in both, at several batch sizes;
+- the train step (scoring forward + backward) zero vs default;
+- the invariant Triton GEMM vs `torch.mm` (cuBLAS) at 4096^3 and at the model's shapes;
+- the decode step vs the memory roofline (bytes a step must read / measured copy bandwidth);
+- zkl generation vs transformers' `generate` (static cache), when transformers is installed.
+Timings are medians of CUDA-event timed repeats after a warm-up.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from zkl import invariance
+from zkl.generation.engine import GenerationEngine, Request
+from zkl.generation.sampling import SamplingParams
+from zkl.ops.triton.gemm import gemm
+from zkl.scoring import sequence_logprobs
+
+BATCHES = (1, 16, 64, 256)
+PROMPT_LEN = 128
+NEW_TOKENS = 128
+TRAIN_SEQS, TRAIN_LEN = 16, 512  # the train step: 8192 tokens a forward + backward
+MODES = {"zero": frozenset(invariance.FIXES), "default": frozenset()}
+
+
+def cuda_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
+    """Median seconds of `fn` (CUDA events around each call, after `warmup` calls)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def bench_requests(batch: int, vocab: int, seed: int = 0) -> list[Request]:
+    """`batch` requests of PROMPT_LEN random tokens, each producing exactly NEW_TOKENS."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(0, vocab, (batch, PROMPT_LEN), generator=g).tolist()
+    params = [SamplingParams(max_new_tokens=NEW_TOKENS, seed=i) for i in range(batch)]
+    return [Request(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, params))]
+
+
+def generation(model: torch.nn.Module, batch: int, fixes: frozenset[str]) -> dict[str, float]:
+    """Tokens/s of one batch (end to end and decode only) with graphs on, after a warm-up."""
+    requests = bench_requests(batch, model.cfg.vocab_size)
+    with invariance.enabled(fixes):
+        engine = GenerationEngine(
+            model, max_batch_size=batch, eos_id=None, sync_every=16, cuda_graphs="on"
+        )
+        engine.generate(requests)  # capture and warm-up
+        samples = []
+        for _ in range(3):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            done = engine.generate(requests)
+            torch.cuda.synchronize()
+            total = time.perf_counter() - t0
+            samples.append((total, engine.stats.decode_s, engine.stats.decode_steps))
+    total, decode_s, steps = min(samples)
+    tokens = sum(len(c.tokens) for c in done)
+    return {
+        "gen_tokens_per_s": tokens / total,
+        "decode_tokens_per_s": batch * steps / decode_s,
+        "decode_step_ms": 1e3 * decode_s / steps,
+    }
+
+
+def train_step(model: torch.nn.Module, fixes: frozenset[str]) -> float:
+    """Seconds of one scoring forward + backward over TRAIN_SEQS x TRAIN_LEN tokens."""
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, model.cfg.vocab_size, (TRAIN_SEQS, TRAIN_LEN), generator=g)
+    tokens = tokens.to(model.embed_tokens.weight.device)
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        sequence_logprobs(model, tokens).mean().backward()
+
+    with invariance.enabled(fixes):
+        seconds = cuda_time(step, repeats=3)
+    model.zero_grad(set_to_none=True)
+    return seconds
+
+
+def gemm_shapes(cfg) -> list[tuple[str, int, int]]:
+    """(name, K, N) of the model's Linear layers."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    return [
+        ("qkv", h, q + 2 * kv),
+        ("o_proj", q, h),
+        ("gate_up", h, 2 * cfg.intermediate_size),
+        ("down", cfg.intermediate_size, h),
+        ("lm_head", h, cfg.vocab_size),
+    ]
+
+
+def gemm_ratio(m: int, k: int, n: int) -> dict[str, float]:
+    """TFLOP/s of the invariant GEMM and of cuBLAS at one bf16 shape, and their ratio."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", generator=g).to(torch.bfloat16)
+    w_t = w.t()
+    ours = cuda_time(lambda: gemm(x, w), repeats=10, warmup=3)
+    cublas = cuda_time(lambda: torch.mm(x, w_t), repeats=10, warmup=3)
+    flops = 2.0 * m * k * n
+    return {
+        "zkl_tflops": flops / ours / 1e12,
+        "cublas_tflops": flops / cublas / 1e12,
+        "zkl_over_cublas": cublas / ours,
+    }
+
+
+def copy_bandwidth() -> float:
+    """Bytes/s of a device-to-device copy of 2 GiB (read + write counted)."""
+    src = torch.empty(1 << 30, dtype=torch.int16, device="cuda")
+    dst = torch.empty_like(src)
+    seconds = cuda_time(lambda: dst.copy_(src), repeats=10, warmup=2)
+    return 2 * src.numel() * src.element_size() / seconds
+
+
+def decode_bytes(model: torch.nn.Module, batch: int, mean_keys: float) -> float:
+    """Bytes one decode step must move: every weight but the embedding's gathered rows, once,
+    plus each row's cached K/V up to its position and the new K/V it writes."""
+    cfg = model.cfg
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    if not cfg.tie_word_embeddings:  # the embedding table is only gathered, a row per token
+        weights -= model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
+    per_token_kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
+    per_token_kv *= model.embed_tokens.weight.element_size()
+    return weights + batch * (mean_keys + 1) * per_token_kv
+
+
+def hf_generate(model: torch.nn.Module, batch: int) -> dict[str, float] | str:
+    """Tokens/s of transformers' `generate` (static cache) on the same weights and batch.
+
+    transformers is not a zkl dependency: imported here only; a string says why it was skipped.
+    """
+    try:
+        import transformers
+    except ImportError:
+        return "transformers is not installed"
+    cfg = model.cfg
+    if cfg.family != "qwen2" or cfg.num_experts:
+        return f"the comparison maps only dense qwen2 models, not {cfg.family}"
+    hf_cfg = transformers.Qwen2Config(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        rope_theta=cfg.rope_theta,
+        rms_norm_eps=cfg.rms_norm_eps,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=cfg.tie_word_embeddings,
+    )
+    device = model.embed_tokens.weight.device
+    with torch.device(device):
+        hf = transformers.Qwen2ForCausalLM(hf_cfg).to(torch.bfloat16).eval()
+    state = {
+        (name if name.startswith("lm_head") else f"model.{name}"): p
+        for name, p in model.state_dict().items()
+    }
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not (cfg.tie_word_embeddings and m == "lm_head.weight")]
+    if missing or unexpected:
+        return f"weights do not map onto transformers' Qwen2: {(missing + unexpected)[:3]}"
+    requests = bench_requests(batch, cfg.vocab_size)
+    ids = torch.tensor([r.prompt for r in requests], device=device)
+    kwargs = dict(
+        max_new_tokens=NEW_TOKENS,
+        min_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        cache_implementation="static",
+        disable_compile=True,  # a compile would not fit the benchmark's time budget
+        pad_token_id=0,
+    )
+    with torch.no_grad():
+        seconds = cuda_time(lambda: hf.generate(ids, **kwargs), repeats=2, warmup=1)
+    return {"gen_tokens_per_s": batch * NEW_TOKENS / seconds, "version": transformers.__version__}
+
+
+def run_cuda_bench(
+    model: torch.nn.Module,
+    batches: tuple[int, ...] = BATCHES,
+    checkpoint: Callable[[dict], None] | None = None,
+) -> dict:
+    """Every row of the CUDA table, as one flat dict (also the JSON written by zkl.bench).
+
+    `checkpoint(partial)` is called after each section, so a run cut short by a time limit
+    still leaves the rows it measured.
+    """
+    save = checkpoint or (lambda partial: None)
+    out: dict[str, object] = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "prompt_len": PROMPT_LEN,
+        "new_tokens": NEW_TOKENS,
+    }
+    try:
+        import triton
+
+        out["triton"] = triton.__version__
+    except ImportError:  # pragma: no cover - the CUDA path imports Triton already
+        pass
+    bandwidth = copy_bandwidth()
+    out["copy_bandwidth_tb_s"] = bandwidth / 1e12
+    for batch in batches:
+        for mode, fixes in MODES.items():
+            for key, value in generation(model, batch, fixes).items():
+                out[f"gen/b{batch}/{mode}/{key}"] = value
+        zero, default = (out[f"gen/b{batch}/{m}/gen_tokens_per_s"] for m in MODES)
+        out[f"gen/b{batch}/zero_over_default"] = zero / default
+        step_s = out[f"gen/b{batch}/zero/decode_step_ms"] / 1e3
+        mean_keys = PROMPT_LEN + NEW_TOKENS / 2
+        roofline_s = decode_bytes(model, batch, mean_keys) / bandwidth
+        out[f"roofline/b{batch}/step_ms"] = 1e3 * roofline_s
+        out[f"roofline/b{batch}/zero_fraction"] = roofline_s / step_s
+        default_step_s = out[f"gen/b{batch}/default/decode_step_ms"] / 1e3
+        out[f"roofline/b{batch}/default_fraction"] = roofline_s / default_step_s
+        gc.collect()  # each engine holds its graphs' memory pool until collected
+        torch.cuda.empty_cache()
+        save(out)
+    for mode, fixes in MODES.items():
+        out[f"train/{mode}/step_s"] = train_step(model, fixes)
+    out["train/zero_over_default_time"] = out["train/zero/step_s"] / out["train/default/step_s"]
+    save(out)
+    cfg = model.cfg
+    out.update({f"gemm/4096^3/{k}": v for k, v in gemm_ratio(4096, 4096, 4096).items()})
+    for m, label in ((TRAIN_SEQS * TRAIN_LEN, "train"), (64, "decode64")):
+        for name, k, n in gemm_shapes(cfg):
+            for key, value in gemm_ratio(m, k, n).items():
+                out[f"gemm/{label}/{name}_M{m}_K{k}_N{n}/{key}"] = value
+    save(out)
+    hf_batch = 64 if 64 in batches else batches[-1]
+    hf = hf_generate(model, hf_batch)
+    if isinstance(hf, str):
+        out["hf/skipped"] = hf
+    else:
+        out[f"hf/b{hf_batch}/gen_tokens_per_s"] = hf["gen_tokens_per_s"]
+        out["hf/version"] = hf["version"]
+        zkl_rate = out[f"gen/b{hf_batch}/zero/gen_tokens_per_s"]
+        out[f"hf/b{hf_batch}/zkl_zero_over_hf"] = zkl_rate / hf["gen_tokens_per_s"]
+    return out
+
+
+def profile_decode_step(model: torch.nn.Module, batch: int, fixes: frozenset[str]) -> str:
+    """A torch.profiler table of one eager decode step at `batch` rows (kernels by CUDA time).
+
+    Eager, not replayed, so the table names every kernel; the graph replay runs the same ones.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    from zkl.precision import weight_cache
+
+    device = model.embed_tokens.weight.device
+    requests = bench_requests(batch, model.cfg.vocab_size)
+    engine = GenerationEngine(model, max_batch_size=batch, eos_id=None, cuda_graphs="off")
+    with invariance.enabled(fixes), torch.no_grad(), weight_cache(engine.quant_cache):
+        engine._filters = (False, False)
+        cache, state = engine._new_buffers(PROMPT_LEN + 8, 8)
+        engine._prefill(cache, state, list(enumerate(requests)))
+        rows = torch.arange(batch, device=device)
+        for _ in range(3):  # compile and warm up
+            engine._decode(cache, state, rows)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            engine._decode(cache, state, rows)
+            torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+
+
+def format_table(result: dict) -> str:
+    """The result as aligned `key value` lines (floats to 4 significant digits)."""
+    lines = []
+    for key, value in result.items():
+        text = f"{value:.4g}" if isinstance(value, float) else str(value)
+        lines.append(f"{key:60} {text}")
+    return "\n".join(lines)

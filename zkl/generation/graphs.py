@@ -1,0 +1,141 @@
+"""Decode captured in CUDA graphs, one graph per batch-size bucket.
+
+A decode step of a dense model is a few hundred small kernels; launching them from Python
+costs more than running them at small batches. Each bucket's step is captured once and
+replayed. A graph bakes in the addresses of everything it touches, so the KV cache, the
+slot state, the weights and the row index buffer are static: the cache and state live as
+long as the captured graphs, refits copy weights in place (`load_refit`), and the rows of
+a step go into the bucket's own index buffer before the replay.
+
+Padding: a bucket larger than the running batch is filled with free slots. A free slot is
+marked done, so sampling leaves its state untouched, and its KV rows belong to no request
+(a new request's prefill rewrites every position it will read). With the fixes on, a real
+row's result cannot depend on the padding rows (batch invariance; the tests check it with
+`torch.equal`); with them off, padding changes the batch the way any batch change does.
+
+Only models whose decode has no host sync are captured: MoE layers read the expert group
+sizes back to the host and Mamba layers branch on the host, so they decode eagerly
+(`engine.cuda_graphs=auto` says why in the log; `on` refuses them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+
+import torch
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def graph_setting(value: object) -> str:
+    """`engine.cuda_graphs` in canonical form: an override's true/false reads as on/off."""
+    text = str(value).lower()
+    return {"true": "on", "false": "off"}.get(text, text)
+
+
+def buckets_for(max_batch_size: int) -> tuple[int, ...]:
+    """The bucket sizes of an engine: the standard ones below `max_batch_size`, then it."""
+    if max_batch_size < 1:
+        raise ValueError(f"max_batch_size={max_batch_size} must be >= 1")
+    return tuple(b for b in BUCKETS if b < max_batch_size) + (max_batch_size,)
+
+
+def bucket_for(num_rows: int, buckets: tuple[int, ...]) -> int:
+    """The smallest bucket that holds `num_rows` rows."""
+    for size in buckets:
+        if size >= num_rows:
+            return size
+    raise ValueError(f"{num_rows} rows do not fit the largest bucket {buckets[-1]}")
+
+
+def padded_rows(running: list[int], free: list[int], size: int) -> list[int]:
+    """The running slots, then the lowest free slots as padding, `size` rows in all."""
+    pad = size - len(running)
+    if pad < 0 or pad > len(free):
+        raise ValueError(f"cannot pad {len(running)} rows to {size} with {len(free)} free slots")
+    return list(running) + sorted(free)[:pad]
+
+
+def graph_unsupported_reason(model: torch.nn.Module) -> str | None:
+    """None when the model's decode step can be captured, else why not (one sentence)."""
+    if getattr(model, "num_mamba_layers", 0) > 0:
+        return "Mamba layers decide on the host which rows commit their chunk state"
+    cfg = model.cfg
+    if any(cfg.layer_is_moe(i) for i in range(cfg.num_hidden_layers)):
+        return "MoE layers read the expert group sizes back to the host (one sync a layer)"
+    device = model.embed_tokens.weight.device
+    if device.type != "cuda":
+        return f"CUDA graphs need a CUDA device and the model is on {device}"
+    return None
+
+
+class BucketedDecode:
+    """Decode steps padded to batch-size buckets, captured as CUDA graphs when `capture`.
+
+    `step(rows)` is the engine's device-only decode step over the slot rows [B]. Without
+    capture (the CPU tests) the same padding runs eagerly, so the padding logic is tested
+    where there is no GPU.
+    """
+
+    def __init__(self, step: Callable[[torch.Tensor], None], max_batch_size: int, capture: bool):
+        self.step = step
+        self.buckets = buckets_for(max_batch_size)
+        self.capture = capture
+        self.key: Hashable | None = None  # what the captured graphs baked in
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.rows: dict[int, torch.Tensor] = {}  # each bucket's static index buffer [size]
+        self.captures = 0  # how many times the graphs were (re)captured
+        self.padding_rows = 0  # padding rows run so far (a test checks padding happened)
+
+    def prepare(self, key: Hashable, device: torch.device) -> None:
+        """Capture every bucket unless the graphs were captured under the same `key`.
+
+        Call only while every slot is free (marked done): the warm-up runs real steps on
+        slots 0..size-1, which must not advance any request.
+        """
+        if key == self.key and (self.graphs or not self.capture):
+            return
+        self.graphs.clear()
+        self.rows = {
+            size: torch.arange(size, dtype=torch.int64, device=device) for size in self.buckets
+        }
+        self.key = key
+        if not self.capture:
+            return
+        pool = None
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for size in self.buckets:  # compile and warm up every kernel outside capture
+                for _ in range(2):
+                    self.step(self.rows[size])
+        torch.cuda.current_stream(device).wait_stream(side)
+        torch.cuda.synchronize(device)
+        for size in reversed(self.buckets):  # largest first: the smaller reuse its pool
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.step(self.rows[size])
+            pool = graph.pool()
+            self.graphs[size] = graph
+        torch.cuda.synchronize(device)
+        self.captures += 1
+
+    def drop(self) -> None:
+        """Forget the graphs (their baked-in tensors are stale); the next prepare recaptures."""
+        self.graphs.clear()
+        self.key = None
+
+    def load(self, running: list[int], free: list[int]) -> int:
+        """Put the running slots, padded with free ones, in their bucket's buffer; its size."""
+        size = bucket_for(len(running), self.buckets)
+        self.padding_rows += size - len(running)
+        rows = torch.tensor(padded_rows(running, free, size), dtype=torch.int64)
+        self.rows[size].copy_(rows, non_blocking=False)
+        return size
+
+    def run(self, size: int) -> None:
+        """One decode step of the rows loaded for bucket `size`."""
+        if self.capture:
+            self.graphs[size].replay()
+        else:
+            self.step(self.rows[size])

@@ -20,6 +20,19 @@ QUIET = ["tracking.wandb.mode=disabled", "tracking.progress=false"]
 SMALL = ["rl.prompts_per_step=4", "rl.samples_per_prompt=4"]
 
 
+def small_model(moe: bool = False, seed: int = 3) -> torch.nn.Module:
+    """The schema's default-sized Qwen3 (or a 4-expert Qwen3-MoE) in bf16, seeded."""
+    from zkl.models import ModelConfig, build_model
+
+    cfg = ModelConfig(
+        family="qwen3_moe" if moe else "qwen3",
+        num_experts=4 if moe else 0,
+        num_experts_per_tok=2 if moe else 0,
+        moe_intermediate_size=32 if moe else 0,
+    )
+    return build_model(cfg, torch.bfloat16, seed=seed)
+
+
 def make_cfg(*overrides: str, quiet: bool = True) -> ZklConfig:
     return compose([*(QUIET if quiet else []), *overrides])
 

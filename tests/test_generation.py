@@ -3,24 +3,18 @@
 from __future__ import annotations
 
 import torch
+from conftest import small_model
 
 from zkl import invariance
 from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.sampling import SamplingParams, processed_logits, sample
-from zkl.models import ModelConfig, build_model
 from zkl.scoring import score
 
 ALL = invariance.FIXES
 
 
 def _model(moe: bool = False):
-    cfg = ModelConfig(
-        family="qwen3_moe" if moe else "qwen3",
-        num_experts=4 if moe else 0,
-        num_experts_per_tok=2 if moe else 0,
-        moe_intermediate_size=32 if moe else 0,
-    )
-    return build_model(cfg, torch.bfloat16, seed=3)
+    return small_model(moe, seed=3)
 
 
 def _requests(n: int, seed: int = 0, max_new: int = 7, temperature: float = 1.0):

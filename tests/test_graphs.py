@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_cfg
+from conftest import make_cfg, small_model
 
 from zkl import invariance
 from zkl.generation.engine import GenerationEngine, Request
@@ -22,19 +22,13 @@ from zkl.generation.graphs import (
     padded_rows,
 )
 from zkl.generation.sampling import SamplingParams
-from zkl.models import ModelConfig, build_model
+from zkl.models import build_model
 
 ALL = invariance.FIXES
 
 
 def _model(moe: bool = False):
-    cfg = ModelConfig(
-        family="qwen3_moe" if moe else "qwen3",
-        num_experts=4 if moe else 0,
-        num_experts_per_tok=2 if moe else 0,
-        moe_intermediate_size=32 if moe else 0,
-    )
-    return build_model(cfg, torch.bfloat16, seed=5)
+    return small_model(moe, seed=5)
 
 
 def _requests(n: int, seed: int = 0) -> list[Request]:

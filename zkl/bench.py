@@ -63,42 +63,32 @@ def measure_refit(cfg: ZklConfig, policy: Policy, eos_id: int) -> dict[str, floa
     buffer of the same size (gloo on the CPU, NCCL between two GPUs); CUDA IPC on one GPU
     has no broadcast to compare against.
     """
-    with invariance.enabled(frozenset(invariance.FIXES)):  # zero mode's exact refit
-        return _measure_refit(cfg, policy, eos_id)
-
-
-def _measure_refit(cfg: ZklConfig, policy: Policy, eos_id: int) -> dict[str, float]:
     from zkl.layouts.dedicated import BROADCAST
 
     state = policy.refit_state()
-    nbytes = sum(
-        t.numel() * t.element_size() for t in refit_payload(state, _gen_dtype(cfg)).values()
-    )
-    generator = build_generator(cfg, policy, eos_id)
-    try:
-        generator.refit(state, policy.version)  # warm-up: buffers and the first connection
-        seconds = []
-        for _ in range(REPEATS):
-            t0 = time.perf_counter()
-            generator.refit(state, policy.version)
-            seconds.append(time.perf_counter() - t0)
-        result = {
-            "refit/bytes": nbytes,
-            "refit/gb_per_s": nbytes / statistics.median(seconds) / 1e9,
-        }
-        if generator.transport in BROADCAST:
-            generator.probe(nbytes, 1)  # warm-up
-            result["refit/peak_gb_per_s"] = generator.probe(nbytes, REPEATS)
-            result["ratio/refit_over_peak"] = (
-                result["refit/gb_per_s"] / result["refit/peak_gb_per_s"]
-            )
-    finally:
-        generator.close()
+    with invariance.enabled(frozenset(invariance.FIXES)):  # zero mode's exact refit
+        payload = refit_payload(state, DTYPES[cfg.precision.compute_dtype])
+        nbytes = sum(t.numel() * t.element_size() for t in payload.values())
+        generator = build_generator(cfg, policy, eos_id)
+        try:
+            generator.refit(state, policy.version)  # warm-up: buffers, the first connection
+            seconds = []
+            for _ in range(REPEATS):
+                t0 = time.perf_counter()
+                generator.refit(state, policy.version)
+                seconds.append(time.perf_counter() - t0)
+            result = {
+                "refit/bytes": nbytes,
+                "refit/gb_per_s": nbytes / statistics.median(seconds) / 1e9,
+            }
+            if generator.transport in BROADCAST:
+                generator.probe(nbytes, 1)  # warm-up
+                peak = generator.probe(nbytes, REPEATS)
+                result["refit/peak_gb_per_s"] = peak
+                result["ratio/refit_over_peak"] = result["refit/gb_per_s"] / peak
+        finally:
+            generator.close()
     return result
-
-
-def _gen_dtype(cfg: ZklConfig) -> torch.dtype:
-    return DTYPES[cfg.precision.compute_dtype]
 
 
 def run_bench(cfg: ZklConfig, run_dir: str | Path) -> dict[str, float]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from zkl.errors import ConfigError
+
 CHOICES = ("cpu", "cuda", "auto")
 
 
@@ -36,12 +38,10 @@ def generator_device(cfg) -> torch.device:
 
     Raises the one sentence a config that cannot place its generator gets.
     """
-    from zkl.errors import ConfigError
-
     trainer = resolve_device(str(cfg.device))
     wanted = cfg.layout.generator_device
     if cfg.layout.backend != "nccl":
-        if wanted is not None and torch.device(_parse(wanted, ConfigError)) != trainer:
+        if wanted is not None and torch.device(_parse(wanted)) != trainer:
             raise ConfigError(
                 f"layout.generator_device={wanted!r} needs layout.backend=nccl (gloo and "
                 "cuda_ipc keep the generator on the trainer's device); set it to null."
@@ -56,7 +56,7 @@ def generator_device(cfg) -> torch.device:
     if cfg.layout.name != "dedicated":
         raise ConfigError("layout.backend=nccl is for +layout=dedicated; use layout.backend=auto.")
     device = torch.device(
-        _parse(wanted, ConfigError) if wanted is not None else f"cuda:{(trainer.index + 1) % count}"
+        _parse(wanted) if wanted is not None else f"cuda:{(trainer.index + 1) % count}"
     )
     if device.type != "cuda" or device.index is None or device.index >= count:
         raise ConfigError(
@@ -70,8 +70,8 @@ def generator_device(cfg) -> torch.device:
     return device
 
 
-def _parse(name: str, error: type[Exception]) -> str:
+def _parse(name: str) -> str:
     base, _, index = str(name).partition(":")
     if base not in ("cpu", "cuda") or (index and (base != "cuda" or not index.isdigit())):
-        raise error(f"layout.generator_device={name!r} must be cpu, cuda:N or null.")
+        raise ConfigError(f"layout.generator_device={name!r} must be cpu, cuda:N or null.")
     return str(name)

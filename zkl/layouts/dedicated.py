@@ -290,10 +290,10 @@ def _worker(cfg, fixes, eos_id: int, port: int, conn, threads: int, stderr: str 
         torch.set_num_threads(threads)
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
         conn.send(("alive",))
-        kind = transport(cfg)
-        if generator_device(cfg).type == "cuda":
-            torch.cuda.set_device(generator_device(cfg))
-        device = generator_device(cfg) if kind == "nccl" else torch.device("cpu")
+        kind, own = transport(cfg), generator_device(cfg)
+        if own.type == "cuda":
+            torch.cuda.set_device(own)
+        device = own if kind == "nccl" else torch.device("cpu")  # where broadcasts land
         if kind in BROADCAST:
             _init_group(cfg, port, rank=1)
         with invariance.enabled(fixes):

@@ -66,36 +66,38 @@ finish)  # what `parallel` had no time for: the 1.5B ablation, default mode on t
   for _ in $(seq "${BUDGET_S:-170}"); do [ -z "$(jobs -rp)" ] && break; sleep 1; done
   pkill -f zkl.cert; sleep 2
   ;;
-final)  # on the final code: GPU tests, the runs `parallel` did not reach, the hybrid rows
-  # Five processes side by side; each starts while enough GPU memory is free for its estimate.
+final)  # on the final code: GPU tests (graphs on too), the remaining big beds, the hybrid rows
+  # (issue 13), 1.5B beds with graphs on (issue 11) and the megatron engine (issue 12), as five
+  # processes side by side; the logs and every cert.jsonl go into "$OUT/final.tgz".
   B15="$BIG rl.prompts_per_step=4 $M15 cert.models=[qwen2_5_1_5b]"
   B30="$BIG rl.prompts_per_step=4 $M30 cert.models=[qwen3_30b_a3b]"
   NH="model=nemotron3_nano_30b_a3b model.num_hidden_layers=3 model.hybrid_override_pattern=M*E"
   BNH="$BIG rl.prompts_per_step=4 $NH cert.models=[nemotron3_nano_30b_a3b]"
   ALL="cert.precisions=[bf16,mxfp8] cert.kv=[recompute,persist]"
   TH="device=cuda model=tiny_hybrid cert.models=[tiny_hybrid]"
-  ( log pytest; timeout 300 python3 -m pytest -m gpu -q -rfE tests 2>&1 | tail -40
-    cert /tmp/h1 $TH $ALL; cert /tmp/h2 $TH $ALL cert.steps=10
+  W=/tmp/final; mkdir -p $W
+  export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+  ( log pytest; timeout 330 python3 -m pytest -m gpu -q -rfE tests --ignore=tests/test_megatron_gpu.py 2>&1 | tail -40
+    cert /tmp/g1 $B15 cert.precisions=[bf16] cert.kv=[recompute,persist] cert.steps=10 engine.cuda_graphs=on
+  ) > $W/A.log 2>&1 &
+  ( cert /tmp/h1 $TH $ALL; cert /tmp/h2 $TH $ALL cert.steps=10
     cert /tmp/h3 $TH zero_train_gen_mismatch=false; cert /tmp/h4 $TH cert.ablate=true
     log bench; timeout 120 python3 -m zkl.bench $Q device=cuda model=tiny_hybrid hydra.run.dir=/tmp/hb
-    cp /tmp/hb/*.json "$OUT/"
     cert /tmp/n1 $BNH $ALL; cert /tmp/n2 $BNH cert.kv=[recompute,persist] cert.steps=10
-  ) > "$OUT/A.log" 2>&1 &
+  ) > $W/H.log 2>&1 &
   ( cert /tmp/d1 $B15 cert.layouts=[dedicated] cert.precisions=[mxfp8] cert.kv=[persist] cert.steps=10
-    cert /tmp/b1 $B15 cert.ablate=true ) > "$OUT/B.log" 2>&1 &
+    cert /tmp/b1 $B15 cert.precisions=[bf16] cert.kv=[recompute] cert.ablate=true ) > $W/B.log 2>&1 &
   ( cert /tmp/c1 $B30 cert.precisions=[mxfp8] cert.kv=[persist] cert.steps=10
-    cert /tmp/d2 $B15 $ALL zero_train_gen_mismatch=false ) > "$OUT/C.log" 2>&1 &
-  ( cert /tmp/c2 $B30 $ALL zero_train_gen_mismatch=false ) > "$OUT/D.log" 2>&1 &
-  for _ in $(seq "${BUDGET_S:-540}"); do [ -z "$(jobs -rp)" ] && break; sleep 1; done
-  pkill -f zkl.cert; pkill -f zkl.bench; sleep 3
-  python3 - "$OUT/cert_all.jsonl" <<'PY'
-import glob, json, sys
-with open(sys.argv[1], "w") as out:
-    for path in sorted(glob.glob("/tmp/*/cert.jsonl")):
-        for line in open(path):
-            out.write(json.dumps({"run": path.split("/")[2], **json.loads(line)}) + "\n")
-PY
-  nvidia-smi --query-gpu=memory.used --format=csv
+    cert /tmp/c2 $B30 $ALL zero_train_gen_mismatch=false
+    cert /tmp/d2 $B15 $ALL zero_train_gen_mismatch=false ) > $W/C.log 2>&1 &
+  ( OUT=$W/megatron bash scripts/gpu_megatron.sh ) > $W/M.log 2>&1 &
+  for _ in $(seq "${BUDGET_S:-520}"); do [ -z "$(jobs -rp)" ] && break; sleep 1; done
+  pkill -f zkl.cert; pkill -f zkl.bench; pkill -f pytest; pkill -f gpu_megatron; sleep 3
+  for d in /tmp/*/; do [ -f "$d/cert.jsonl" ] && cp "$d/cert.jsonl" "$W/$(basename "$d").cert.jsonl"; done
+  cp /tmp/hb/*.json "$W/" 2>/dev/null
+  nvidia-smi --query-gpu=memory.used --format=csv > $W/nvidia_smi.txt
+  tar czf "$OUT/final.tgz" -C $W .
+  tail -n 3 $W/*.log
   ;;
 extra)
   cert /tmp/d_tiny device=cuda zero_train_gen_mismatch=false

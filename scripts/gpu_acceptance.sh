@@ -12,7 +12,7 @@ OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 Q="tracking.wandb.mode=disabled tracking.progress=false"
-BIG="device=cuda task.name=residue engine.max_batch_size=64 sampling.max_new_tokens=16 rl.lr=1e-4"
+BIG="checkpoint.save=false device=cuda task.name=residue engine.max_batch_size=64 sampling.max_new_tokens=16 rl.lr=1e-4"
 M15="model=qwen2_5_1_5b"
 M30="model=qwen3_30b_a3b model.num_hidden_layers=4"
 log() { echo "=== $(date +%T) $*"; }
@@ -78,7 +78,7 @@ final)  # on the final code: GPU tests (graphs on too), the remaining big beds, 
   W=/tmp/final; mkdir -p $W
   export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
   ( log pytest; timeout 330 python3 -m pytest -m gpu -q -rfE tests --ignore=tests/test_megatron_gpu.py 2>&1 | tail -40
-    cert /tmp/g1 $B15 cert.precisions=[bf16] cert.kv=[recompute,persist] cert.steps=10 engine.cuda_graphs=on
+    cert /tmp/g1 $B15 cert.precisions=[bf16] cert.kv=[${G1_KV:-recompute,persist}] cert.steps=10 engine.cuda_graphs=on
   ) > $W/A.log 2>&1 &
   ( cert /tmp/h1 $TH $ALL; cert /tmp/h2 $TH $ALL cert.steps=10
     cert /tmp/h3 $TH zero_train_gen_mismatch=false; cert /tmp/h4 $TH cert.ablate=true
@@ -88,8 +88,8 @@ final)  # on the final code: GPU tests (graphs on too), the remaining big beds, 
   ( cert /tmp/d1 $B15 cert.layouts=[dedicated] cert.precisions=[mxfp8] cert.kv=[persist] cert.steps=10
     cert /tmp/b1 $B15 cert.precisions=[bf16] cert.kv=[recompute] cert.ablate=true ) > $W/B.log 2>&1 &
   ( cert /tmp/c1 $B30 cert.precisions=[mxfp8] cert.kv=[persist] cert.steps=10
-    cert /tmp/c2 $B30 $ALL zero_train_gen_mismatch=false
-    cert /tmp/d2 $B15 $ALL zero_train_gen_mismatch=false ) > $W/C.log 2>&1 &
+    cert /tmp/d2 $B15 $ALL zero_train_gen_mismatch=false
+    cert /tmp/c2 $B30 $ALL zero_train_gen_mismatch=false ) > $W/C.log 2>&1 &
   ( OUT=$W/megatron bash scripts/gpu_megatron.sh ) > $W/M.log 2>&1 &
   for _ in $(seq "${BUDGET_S:-520}"); do [ -z "$(jobs -rp)" ] && break; sleep 1; done
   pkill -f zkl.cert; pkill -f zkl.bench; pkill -f pytest; pkill -f gpu_megatron; sleep 3

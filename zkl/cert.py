@@ -174,7 +174,11 @@ def untrained_steps(rows: list[dict[str, Any]]) -> list[str]:
 
 def certify_steps(cfg: ZklConfig, run_dir: Path) -> dict[str, Any]:
     """N real GRPO steps; the bed's metrics are the worst step's."""
-    cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, steps=cfg.cert.steps))
+    cfg = dataclasses.replace(
+        cfg,
+        rl=dataclasses.replace(cfg.rl, steps=cfg.cert.steps),
+        checkpoint=dataclasses.replace(cfg.checkpoint, save=False),  # a bed is never resumed
+    )
     rows = loop.run(cfg, run_dir, progress=False)
     worst = max(rows, key=lambda r: r["train/max_abs_logprob_diff"])
     metrics = {k: v for k, v in worst.items() if k.startswith("train/")}

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import sys
 import threading
@@ -138,6 +139,8 @@ def prepare(cfg: ZklConfig, run_dir: str | Path) -> Resume:
         )
     run_dir = Path(run_dir)
     path = run_dir / CHECKPOINT_FILE
+    if cfg.checkpoint.save:
+        _check_disk(cfg, run_dir)
     in_submitit = bool(os.environ.get("SUBMITIT_EXECUTOR"))
     maybe_resume = cfg.resume or in_submitit or requeued_by_slurm()
     load = maybe_resume and path.exists()  # tensors land on the CPU, then copy to the device
@@ -168,6 +171,34 @@ def prepare(cfg: ZklConfig, run_dir: str | Path) -> Resume:
         raise RuntimeError(f"{run_dir / METRICS_FILE} lacks steps of the checkpoint at {step}")
     print(f"zkl: resuming {run_dir} from step {step}", file=sys.stderr)
     return Resume(step, state, state["wandb_id"])
+
+
+def checkpoint_bytes(cfg: ZklConfig) -> int:
+    """The size of checkpoint.pt: bf16 weights, fp32 masters and two AdamW moments a parameter."""
+    from zkl.memory import param_count
+
+    return 14 * param_count(cfg.model)
+
+
+def _check_disk(cfg: ZklConfig, run_dir: Path) -> None:
+    """Refuse, before any work, a run whose checkpoints would fill the run directory's disk.
+
+    A checkpoint is written beside the one it replaces (temporary file, then rename), so a
+    run that saves more than once needs room for two.
+    """
+    need = checkpoint_bytes(cfg)
+    if 0 < cfg.checkpoint.every < cfg.rl.steps:
+        need *= 2
+    probe = run_dir
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if need > free:
+        raise ConfigError(
+            f"the checkpoints of this run need about {need / 1e9:.1f} GB but {probe} has "
+            f"{free / 1e9:.1f} GB free; set checkpoint.save=false, or choose a "
+            "hydra.run.dir on a larger disk."
+        )
 
 
 def save(run_dir: str | Path, cfg: ZklConfig, policy, next_step: int, log, requeue: bool) -> None:
@@ -254,7 +285,8 @@ class Saver:
         """Call once the step is logged: save if it is time, then act on a stop signal."""
         every, last = self.cfg.checkpoint.every, step + 1 == self.cfg.rl.steps
         stop = bool(self.signals.received) and not last
-        if last or stop or (every and (step + 1) % every == 0):
+        due = last or stop or (every and (step + 1) % every == 0)
+        if due and self.cfg.checkpoint.save:
             requeue = stop and self.signals.preempted
             save(self.run_dir, self.cfg, self.policy, step + 1, self.log, requeue)
         if stop:

@@ -135,6 +135,7 @@ class CertConfig:
 @dataclass
 class CheckpointConfig:
     every: int = 10  # save every N steps (0: only after the last step and on a stop signal)
+    save: bool = True  # false: never write checkpoint.pt (cert beds, benchmarks); no resume
 
 
 @dataclass

@@ -127,3 +127,29 @@ def test_resume_continues_the_wandb_run(tmp_path):
     assert len(logs) == 2
     first, second = (read_run_info(p)["id"] for p in logs)
     assert first == second == torch.load(tmp_path / CHECKPOINT_FILE)["wandb_id"]
+
+
+def test_checkpoint_save_false_writes_none_and_cannot_resume(tmp_path):
+    rows = run(
+        make_cfg("rl.steps=2", "checkpoint.save=false", "checkpoint.every=1", *TINY), tmp_path
+    )
+    assert len(rows) == 2 and not (tmp_path / CHECKPOINT_FILE).exists()
+    with pytest.raises(ConfigError, match=r"checkpoint.save=false writes none; set checkpoint"):
+        run(make_cfg("rl.steps=3", "resume=true", "checkpoint.save=false", *TINY), tmp_path)
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2  # nothing lost
+
+
+def test_checkpoints_that_would_fill_the_disk_are_refused_before_any_work(tmp_path, monkeypatch):
+    from zkl import checkpoint
+
+    need = checkpoint.checkpoint_bytes(make_cfg(*TINY))
+    free = type("Usage", (), {"free": need + 1})()
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: free)
+    run(make_cfg("rl.steps=1", *TINY), tmp_path / "fits")  # one save: room for one
+    with pytest.raises(ConfigError, match=r"set checkpoint.save=false, or choose a hydra.run.dir"):
+        run(make_cfg("rl.steps=4", "checkpoint.every=2", *TINY), tmp_path / "two")
+    assert not (tmp_path / "two" / "metrics.jsonl").exists()
+    run(
+        make_cfg("rl.steps=4", "checkpoint.every=2", "checkpoint.save=false", *TINY),
+        tmp_path / "off",
+    )

@@ -141,6 +141,11 @@ def prepare(cfg: ZklConfig, run_dir: str | Path) -> Resume:
     path = run_dir / CHECKPOINT_FILE
     if cfg.checkpoint.save:
         _check_disk(cfg, run_dir)
+    elif cfg.resume:
+        raise ConfigError(
+            "resume=true needs a checkpoint, but checkpoint.save=false writes none; "
+            "set checkpoint.save=true (or drop resume=true for a fresh run)."
+        )
     in_submitit = bool(os.environ.get("SUBMITIT_EXECUTOR"))
     maybe_resume = cfg.resume or in_submitit or requeued_by_slurm()
     load = maybe_resume and path.exists()  # tensors land on the CPU, then copy to the device

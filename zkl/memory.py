@@ -43,11 +43,36 @@ ADVICE = {
 HOST_ONLY = ("rollout records", "processes")
 
 
+def _hybrid_layer_params(m: ModelConfig, kind: str, attn: int) -> int:
+    """One Nemotron-H layer (its pre-norm included): Mamba2, attention, relu^2 MLP or MoE."""
+    h = m.hidden_size
+    if kind == "mamba":
+        inner = m.mamba_num_heads * m.mamba_head_dim
+        conv = inner + 2 * m.n_groups * m.ssm_state_size
+        proj = inner + conv + m.mamba_num_heads
+        bias = m.mamba_proj_bias
+        mixer = h * proj + (proj if bias else 0) + inner * h + (h if bias else 0)
+        mixer += conv * m.conv_kernel + (conv if m.use_conv_bias else 0)
+        mixer += 3 * m.mamba_num_heads + inner  # dt_bias, A_log, D, gated norm
+    elif kind == "attention":
+        mixer = attn
+    elif kind == "moe":
+        experts = m.n_routed_experts * 2 * h * m.moe_intermediate_size
+        mixer = m.n_routed_experts * h + experts + 2 * h * m.moe_shared_expert_intermediate_size
+    else:
+        mixer = 2 * h * m.intermediate_size
+    return h + mixer
+
+
 def param_count(m: ModelConfig) -> int:
-    """Parameters of the native Transformer for `m` (as `model.parameters()` counts them)."""
+    """Parameters of the native model for `m` (as `model.parameters()` counts them)."""
     h, hd = m.hidden_size, m.head_dim
     q, kv = m.num_attention_heads * hd, m.num_key_value_heads * hd
     attn = 2 * h * q + 2 * h * kv + (q + 2 * kv if m.qkv_bias else 0) + (2 * hd if m.qk_norm else 0)
+    embeddings = m.vocab_size * h * (1 if m.tie_word_embeddings else 2)
+    if m.family == "nemotron_h":
+        kinds = [m.layer_kind(i) for i in range(m.num_hidden_layers)]
+        return sum(_hybrid_layer_params(m, k, attn) for k in kinds) + embeddings + h
     moe_layers = 0
     if m.is_moe:
         dense = {i for i in m.mlp_only_layers if 0 <= i < m.num_hidden_layers}
@@ -57,7 +82,6 @@ def param_count(m: ModelConfig) -> int:
     moe_mlp = h * m.num_experts + m.num_experts * 3 * h * m.moe_intermediate_size
     layers = m.num_hidden_layers * (attn + 2 * h)
     layers += dense_layers * 3 * h * m.intermediate_size + moe_layers * moe_mlp
-    embeddings = m.vocab_size * h * (1 if m.tie_word_embeddings else 2)
     return layers + embeddings + h
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -54,12 +55,28 @@ def bench_requests(batch: int, vocab: int, seed: int = 0) -> list[Request]:
     return [Request(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, params))]
 
 
-def generation(model: torch.nn.Module, batch: int, fixes: frozenset[str]) -> dict[str, float]:
-    """Tokens/s of one batch (end to end and decode only) with graphs on, after a warm-up."""
+def generation(model: torch.nn.Module, batch: int, fixes: frozenset[str]) -> dict[str, object]:
+    """Tokens/s of one batch (end to end and decode only) with graphs on, after a warm-up.
+
+    Should capture fail, the row is measured eagerly and says so (`graphs` 0 and the error),
+    so one broken capture costs one figure's comparability, not the whole table.
+    """
+    try:
+        return {**_generation(model, batch, fixes, "on"), "graphs": 1}
+    except Exception as exc:  # noqa: BLE001 - reported in the row, and on stderr
+        print(f"zkl.bench: graphs failed at batch {batch}: {exc!r}", file=sys.stderr)
+        gc.collect()
+        torch.cuda.empty_cache()
+        return {**_generation(model, batch, fixes, "off"), "graphs": 0, "graphs_error": repr(exc)}
+
+
+def _generation(
+    model: torch.nn.Module, batch: int, fixes: frozenset[str], graphs: str
+) -> dict[str, float]:
     requests = bench_requests(batch, model.cfg.vocab_size)
     with invariance.enabled(fixes):
         engine = GenerationEngine(
-            model, max_batch_size=batch, eos_id=None, sync_every=16, cuda_graphs="on"
+            model, max_batch_size=batch, eos_id=None, sync_every=16, cuda_graphs=graphs
         )
         engine.generate(requests)  # capture and warm-up
         samples = []

@@ -25,6 +25,7 @@ none ran, 2 when the config is refused.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 import json
 import random
@@ -292,6 +293,9 @@ def run_cert(cfg: ZklConfig, run_dir: str | Path) -> list[dict[str, Any]]:
             done.append((run, row))
             f.write(json.dumps(row) + "\n")
             f.flush()
+            if device.type == "cuda":  # the next bed's memory check must see this one's freed
+                gc.collect()
+                torch.cuda.empty_cache()
     results = [row for _, row in done]
     table = format_table(results)
     (run_dir / TABLE_FILE).write_text(table + "\n")

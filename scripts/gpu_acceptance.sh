@@ -83,7 +83,7 @@ final)  # on the final code: GPU tests (graphs on too), the remaining big beds, 
   ( cert /tmp/h1 $TH $ALL; cert /tmp/h2 $TH $ALL cert.steps=10
     cert /tmp/h3 $TH zero_train_gen_mismatch=false; cert /tmp/h4 $TH cert.ablate=true
     log bench; timeout 120 python3 -m zkl.bench $Q device=cuda model=tiny_hybrid hydra.run.dir=/tmp/hb
-    cert /tmp/n1 $BNH $ALL; cert /tmp/n2 $BNH cert.kv=[recompute,persist] cert.steps=10
+    cert /tmp/n1 $BNH $ALL; cert /tmp/n2 $BNH cert.precisions=[bf16] cert.kv=[recompute,persist] cert.steps=10
   ) > $W/H.log 2>&1 &
   ( cert /tmp/d1 $B15 cert.layouts=[dedicated] cert.precisions=[mxfp8] cert.kv=[persist] cert.steps=10
     cert /tmp/b1 $B15 cert.precisions=[bf16] cert.kv=[recompute] cert.ablate=true ) > $W/B.log 2>&1 &

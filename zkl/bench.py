@@ -142,9 +142,6 @@ def run_cuda(model: torch.nn.Module, run_dir: str | Path) -> dict:
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    for mode, fixes in bench_cuda.MODES.items():
-        table = bench_cuda.profile_decode_step(model, 64, fixes)
-        (run_dir / f"profile_decode_b64_{mode}.txt").write_text(table)
 
     def save(partial: dict) -> None:
         (run_dir / "bench.json").write_text(json.dumps(partial, indent=1))
@@ -152,6 +149,9 @@ def run_cuda(model: torch.nn.Module, run_dir: str | Path) -> dict:
     result = bench_cuda.run_cuda_bench(model, checkpoint=save)
     save(result)
     print(bench_cuda.format_table(result))
+    for mode, fixes in bench_cuda.MODES.items():
+        table = bench_cuda.profile_decode_step(model, 64, fixes)
+        (run_dir / f"profile_decode_b64_{mode}.txt").write_text(table)
     return result
 
 

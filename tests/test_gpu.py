@@ -286,3 +286,13 @@ def test_gemm_tile_configs_agree_and_rows_are_m_invariant(monkeypatch):
         with monkeypatch.context() as m:
             m.setattr(gemm, "config_for", lambda *_: gemm.SMALL_16)
             assert torch.equal(gemm.gemm(x, w), large), (depth, width)
+
+
+def test_hybrid_bench_on_cuda_times_the_mamba_fix(tmp_path):
+    """On CUDA a hybrid's bench is its decode with `mamba_chunked_decode` on vs off, not the
+    dense CUDA table (whose graphs a Mamba decode cannot use)."""
+    from zkl.bench import run_bench
+
+    result = run_bench(make_cfg("model=tiny_hybrid", "device=cuda", *SMALL), tmp_path)
+    assert result["ratio/decode_time_mamba_fix_on_over_off"] > 0
+    assert result["zero_without_mamba_fix/decode_tokens_per_s"] > 0

@@ -236,3 +236,23 @@ def test_a_30b_model_on_a_small_machine_is_refused_with_the_estimate(tmp_path):
     out = run_entry("zkl", ["model=qwen3_30b_a3b"], tmp_path / "run")
     assert_refused_before_work(out, tmp_path / "run", "model=")
     assert f"about {needed / 1e9:.1f} GB" in out.stderr
+
+
+def test_a_diverged_update_stops_the_run_after_logging_its_step(tmp_path):
+    """NaN/inf hides in the metrics (NaN != NaN, max() skips it): the run stops loudly."""
+    from zkl.errors import NonFinite
+    from zkl.rl.loop import run
+
+    small = ["rl.prompts_per_step=2", "rl.samples_per_prompt=2"]
+    with pytest.raises(NonFinite, match=r"^step 0: optim/update_norm not finite .* rl.lr"):
+        run(make_cfg("rl.steps=3", "rl.lr=1e30", *small), tmp_path / "run")
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+def test_cert_fails_a_diverged_bed_and_certifies_the_rest(tmp_path):
+    from zkl.cert import run_cert
+
+    cfg = make_cfg("rl.lr=1e30", "cert.steps=2", "cert.models=[tiny_dense,tiny_moe]")
+    rows = run_cert(cfg, tmp_path)
+    assert len(rows) == 2
+    assert all(not r["passed"] and "not finite" in r["result"] for r in rows)

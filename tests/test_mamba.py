@@ -60,6 +60,21 @@ def test_chunk_scan_equals_recurrence():
     torch.testing.assert_close(states[:, -1], h)
 
 
+def test_chunk_scan_gradients_stay_finite_over_a_long_chunk():
+    """Above the diagonal exp(cum[l] - cum[s]) overflows once a chunk spans enough decay
+    (Nemotron-H's 128 positions do); it must not reach the gradients as inf * 0 = NaN."""
+    g = torch.Generator().manual_seed(0)
+    b, Q, H, P, N = 1, 128, 2, 4, 8
+    x, B, C = (torch.randn(b, Q, H, d, generator=g, requires_grad=True) for d in (P, N, N))
+    dt = (torch.rand(b, Q, H, generator=g) + 1.0).requires_grad_()  # sum over the chunk > 88
+    A = torch.full((H,), -1.0, requires_grad=True)
+    h = torch.zeros(b, H, P, N)
+    y, _ = chunk_scan(x, dt, B, C, A, h, Q)
+    y.sum().backward()
+    for t in (x, B, C, dt, A):
+        assert torch.isfinite(t.grad).all()
+
+
 def test_mamba_chunked_decode_fix():
     """Fix off: decode (the recurrence) differs from training; on: bitwise equal to it."""
     model = _model()

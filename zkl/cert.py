@@ -44,7 +44,7 @@ from zkl.ablation import Mode
 from zkl.cli import guarded
 from zkl.config import CONF_DIR, ZklConfig, to_object, validate, with_group_option
 from zkl.device import resolve_device
-from zkl.errors import ConfigError
+from zkl.errors import ConfigError, NonFinite
 from zkl.generation.engine import Request
 from zkl.generation.sampling import SamplingParams
 from zkl.layouts import build_generator
@@ -253,7 +253,11 @@ def execute(run: Run, run_dir: Path, done: list[tuple[Run, dict[str, Any]]]) -> 
     if run.refused:
         row.update(passed=False, result=f"cannot run in this mode: {run.refused}")
         return row
-    row.update(certify(run.cfg, run_dir / "beds" / run.bed / str(run.mode) / run.variant))
+    try:
+        row.update(certify(run.cfg, run_dir / "beds" / run.bed / str(run.mode) / run.variant))
+    except NonFinite as exc:  # the bed fails; the other beds still run
+        row.update(passed=False, result=f"FAIL: {exc}")
+        return row
     row["passed"] = row["train/max_abs_logprob_diff"] == 0.0 and not row["reasons"]
     if run.kind == "ablation":
         reference = next(ref for r, ref in done if r.kind != "ablation" and r.cfg == run.reference)

@@ -2,7 +2,7 @@
 
 `ConfigError` (exit 2): the config cannot work; raised before any work. `RunFault` (exit 1):
 the run started but the machine failed it (the generation process died, the run directory
-stopped taking writes).
+stopped taking writes) or its numbers did (`NonFinite`: NaN or inf logprobs or update).
 """
 
 from __future__ import annotations
@@ -14,3 +14,11 @@ class ConfigError(ValueError):
 
 class RunFault(RuntimeError):
     """A fault of the machine or of a child process after work started; one sentence."""
+
+
+class NonFinite(RunFault):
+    """A step's logprobs or update were NaN or inf; the step is logged, no later one runs.
+
+    NaN compares unequal to itself and max() over rows skips it, so a run that went on
+    would report mismatch metrics that look clean and mean nothing.
+    """

@@ -17,6 +17,8 @@ the state is the running state, kept in the model dtype (what vLLM's default
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -63,8 +65,12 @@ def _intra(C_rows, cum_rows, visible, B, cum, xdt) -> torch.Tensor:
     is elementwise or a fixed tree over s / N, so a row's bits do not depend on which other
     rows are computed.
     """
-    decay = torch.exp(cum_rows.unsqueeze(3) - cum.unsqueeze(2))  # [b, n, l, s, H]
-    decay = torch.where(visible, decay, torch.zeros_like(decay))
+    # Mask the exponent, not the result: above the diagonal cum[l] - cum[s] grows with the
+    # chunk (about 166 at Nemotron-H's 128) and exp overflows; where's backward would then
+    # multiply a zero by that inf and poison every gradient with NaN. exp(-inf) is 0, so the
+    # visible entries keep their bits.
+    gap = cum_rows.unsqueeze(3) - cum.unsqueeze(2)  # [b, n, l, s, H]
+    decay = torch.exp(torch.where(visible, gap, torch.full_like(gap, -math.inf)))
     scores = ordered_sum(C_rows.unsqueeze(3) * B.unsqueeze(2)) * decay  # [b, n, l, s, H]
     return ordered_sum(scores.unsqueeze(-1) * xdt.unsqueeze(2), dim=3)  # [b, n, l, H, P]
 

@@ -6,6 +6,7 @@ refit. Metrics of every step land in the run directory before the next step star
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from tqdm import tqdm
 
 from zkl import checkpoint, invariance
 from zkl.config import ZklConfig, validate
+from zkl.errors import NonFinite
 from zkl.generation.engine import Completion, Request
 from zkl.generation.sampling import SamplingParams
 from zkl.layouts import build_generator
@@ -186,4 +188,18 @@ def train_step(cfg: ZklConfig, task, policy: Policy, generator, step: int, log: 
         row["perf/peak_gpu_mem_gb"] = torch.cuda.max_memory_allocated(policy.device) / 2**30
     log.log(step, row)
     log.log_tokens(token_records(step, completions, lp_train, rewards, cfg.tracking.dump_tokens))
+    check_finite(cfg, step, lp_gen, torch.cat(lp_train), row)
     return row
+
+
+def check_finite(cfg: ZklConfig, step: int, lp_gen, lp_train, row: dict[str, Any]) -> None:
+    """Stop the run (after the step is logged) at the first NaN or inf it produced."""
+    parts = {"the generator's logprobs": lp_gen, "the trainer's logprobs": lp_train}
+    bad = [name for name, t in parts.items() if not bool(torch.isfinite(t).all())]
+    bad += [k for k, v in row.items() if k.startswith(("loss/", "optim/")) and not math.isfinite(v)]
+    if bad:
+        raise NonFinite(
+            f"step {step}: {', '.join(bad)} not finite (NaN or inf), so no later step could "
+            f"be compared; the step is logged. Lower rl.lr (now {cfg.rl.lr}) or check the "
+            "model's numerics."
+        )

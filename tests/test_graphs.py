@@ -129,3 +129,25 @@ def test_graph_setting_is_checked_and_explained():
         GenerationEngine(dense, max_batch_size=2, eos_id=None, cuda_graphs="sometimes")
     for model in (dense, moe):  # auto on the CPU: no graphs, no error
         assert GenerationEngine(model, max_batch_size=2, eos_id=None).decoder is None
+
+
+def test_static_shapes_attention_masks_the_whole_cache_and_reads_nothing_back(monkeypatch):
+    """The default path's decode attention under `static_shapes` (graph warm-up and capture
+    alike) spans the whole cache with a mask: no `.item()`, and the same result as slicing
+    the keys up to the last position (default mode: within float rounding, atol 1e-6)."""
+    from zkl.ops import fast
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 4, 1, 16, generator=g)
+    k, v = (torch.randn(5, 2, 40, 16, generator=g) for _ in range(2))
+    q_pos = torch.tensor([[7], [19], [3]])
+    rows = torch.tensor([4, 0, 2])
+    sliced = fast.attention(q, k, v, q_pos, rows)
+
+    def no_host_reads(self):
+        raise AssertionError("read a device value back to the host")
+
+    with fast.static_shapes(), monkeypatch.context() as m:
+        m.setattr(torch.Tensor, "item", no_host_reads)
+        whole = fast.attention(q, k, v, q_pos, rows)
+    torch.testing.assert_close(whole, sliced, atol=1e-6, rtol=0)

@@ -24,6 +24,8 @@ from collections.abc import Callable, Hashable
 
 import torch
 
+from zkl.ops.fast import static_shapes
+
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -105,18 +107,19 @@ class BucketedDecode:
         pool = None
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
+        with torch.cuda.stream(side), static_shapes():
             for size in self.buckets:  # compile and warm up every kernel outside capture
                 for _ in range(2):
                     self.step(self.rows[size])
         torch.cuda.current_stream(device).wait_stream(side)
         torch.cuda.synchronize(device)
-        for size in reversed(self.buckets):  # largest first: the smaller reuse its pool
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.step(self.rows[size])
-            pool = graph.pool()
-            self.graphs[size] = graph
+        with static_shapes():  # the very kernels (and shapes) the warm-up ran
+            for size in reversed(self.buckets):  # largest first: the smaller reuse its pool
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self.step(self.rows[size])
+                pool = graph.pool()
+                self.graphs[size] = graph
         torch.cuda.synchronize(device)
         self.captures += 1
 

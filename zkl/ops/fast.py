@@ -2,8 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 import torch.nn.functional as F
+
+_STATIC_SHAPES: ContextVar[bool] = ContextVar("static_shapes", default=False)
+
+
+@contextmanager
+def static_shapes() -> Iterator[None]:
+    """Shapes fixed by the buffers, nothing read back to the host: how a CUDA graph's step
+    must run. Its warm-up runs under it too, so the kernels the capture records (and their
+    cuDNN plans, built on first use) are the ones warmed up, never built while capturing."""
+    token = _STATIC_SHAPES.set(True)
+    try:
+        yield
+    finally:
+        _STATIC_SHAPES.reset(token)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -36,12 +54,13 @@ def attention(
 ) -> torch.Tensor:
     """SDPA: `is_causal` when queries are the keys (scoring, whole prefill), else a mask.
 
-    While a CUDA graph captures (decode), nothing may be read back to the host: the mask then
-    spans the whole cache instead of the keys up to the last position.
+    Under `static_shapes` (a CUDA graph's step, its warm-up included) nothing may be read
+    back to the host: the mask then spans the whole cache instead of the keys up to the
+    last position.
     """
     if kv_rows is not None:
         k, v = k[kv_rows], v[kv_rows]
-    if q.is_cuda and torch.cuda.is_current_stream_capturing():
+    if _STATIC_SHAPES.get() or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
         mask = torch.arange(k.shape[2], device=q.device) <= q_pos.unsqueeze(-1)  # [B, Tq, Tk]
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask.unsqueeze(1), enable_gqa=q.shape[1] != k.shape[1]

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import SMALL, make_cfg
 from omegaconf import OmegaConf
 
@@ -189,3 +190,15 @@ def test_ablation_mode_the_bed_cannot_run_is_a_row_not_a_refusal(tmp_path):
         "cannot run in this mode: model.hidden_size must be a multiple of 32 for precision=mxfp8."
     )
     assert not row["passed"] and not (tmp_path / "beds").exists()
+
+
+def test_no_effect_reasons_measured_on_the_cpu_are_not_claimed_on_cuda(monkeypatch):
+    from zkl import ablation
+
+    cfg = make_cfg("model=tiny_moe")
+    assert "the CPU splits" in ablation.why_no_effect("batch_invariant_reductions", cfg)
+    assert "the CPU engine" in ablation.why_no_effect("moe_combine_order", cfg)
+    monkeypatch.setattr(ablation, "resolve_device", lambda name: torch.device("cuda"))
+    assert ablation.why_no_effect("batch_invariant_reductions", cfg) is None
+    assert ablation.why_no_effect("moe_combine_order", cfg) is None
+    assert "no Mamba layer" in ablation.why_no_effect("mamba_chunked_decode", cfg)

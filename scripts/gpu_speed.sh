@@ -19,12 +19,12 @@ Q="tracking.wandb.mode=disabled tracking.progress=false"
 
 if [ -z "${SKIP_TESTS:-}" ]; then  # SKIP_TESTS=1: the GPU tests ran in an earlier call
   echo "=== $(date +%T) pytest -m gpu" > "$OUT/pytest_gpu.log"
-  timeout 250 python3 -m pytest -m gpu -q -rfE tests >> "$OUT/pytest_gpu.log" 2>&1
+  timeout 200 python3 -m pytest -m gpu -q -rfE tests >> "$OUT/pytest_gpu.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_gpu.log"
 fi
 
 echo "=== $(date +%T) zkl.bench" > "$OUT/bench.log"
-timeout "${BENCH_S:-270}" python3 -m zkl.bench $Q device=cuda model=qwen2_5_1_5b task.name=residue \
+timeout "${BENCH_S:-330}" python3 -m zkl.bench $Q device=cuda model=qwen2_5_1_5b task.name=residue \
   hydra.run.dir=/tmp/bench >> "$OUT/bench.log" 2>&1
 echo "bench rc=$? $(date +%T)" >> "$OUT/bench.log"
 cp /tmp/bench/*.json /tmp/bench/*.txt "$OUT/bench/" 2>/dev/null

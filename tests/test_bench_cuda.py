@@ -54,3 +54,14 @@ def test_cuda_table_on_a_tiny_model():
     assert out["train/zero/step_s"] > 0 and out["gemm/4096^3/zkl_tflops"] > 0
     assert "hf/skipped" in out or out["hf/b4/gen_tokens_per_s"] > 0
     assert "Self CUDA" in bench_cuda.profile_decode_step(model, 4, bench_cuda.MODES["zero"])
+
+
+@pytest.mark.gpu
+def test_tile_candidates_report_speed_and_bits():
+    out = bench_cuda._tiles_at("t", 64, 1024, 1024, configs=((64, 64, 64, 4, 4),))
+    from zkl.ops.triton.gemm import config_for
+
+    fixed = "x".join(map(str, config_for(1024, 1024, torch.bfloat16)))
+    assert out[f"t/{fixed}/bitwise_equal"] == 1.0  # the fixed tile against itself
+    assert out["t/64x64x64x4x4/over_cublas"] > 0
+    assert out["t/64x64x64x4x4/bitwise_equal"] in (0.0, 1.0)

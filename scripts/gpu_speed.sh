@@ -11,7 +11,8 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 Q="tracking.wandb.mode=disabled tracking.progress=false"
 {
   date -u +%FT%TZ
-  git rev-parse HEAD 2>/dev/null
+  git rev-parse HEAD 2>/dev/null  # the copy's .git can be older than its files: hash them too
+  echo "zkl sources sha256 $(find zkl -name '*.py' | sort | xargs cat | sha256sum | cut -c1-16)"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
   python3 -c "import transformers; print('transformers', transformers.__version__)" 2>&1

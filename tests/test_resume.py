@@ -149,6 +149,8 @@ def test_checkpoints_that_would_fill_the_disk_are_refused_before_any_work(tmp_pa
     with pytest.raises(ConfigError, match=r"set checkpoint.save=false, or choose a hydra.run.dir"):
         run(make_cfg("rl.steps=4", "checkpoint.every=2", *TINY), tmp_path / "two")
     assert not (tmp_path / "two" / "metrics.jsonl").exists()
+    # resuming beside a checkpoint already on the disk needs room for one more only
+    run(make_cfg("rl.steps=4", "checkpoint.every=2", "resume=true", *TINY), tmp_path / "fits")
     run(
         make_cfg("rl.steps=4", "checkpoint.every=2", "checkpoint.save=false", *TINY),
         tmp_path / "off",

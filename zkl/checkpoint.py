@@ -189,10 +189,10 @@ def _check_disk(cfg: ZklConfig, run_dir: Path) -> None:
     """Refuse, before any work, a run whose checkpoints would fill the run directory's disk.
 
     A checkpoint is written beside the one it replaces (temporary file, then rename), so a
-    run that saves more than once needs room for two.
+    run that saves more than once needs room for two, unless one is already on the disk.
     """
     need = checkpoint_bytes(cfg)
-    if 0 < cfg.checkpoint.every < cfg.rl.steps:
+    if 0 < cfg.checkpoint.every < cfg.rl.steps and not (run_dir / CHECKPOINT_FILE).exists():
         need *= 2
     probe = run_dir
     while not probe.exists() and probe != probe.parent:

@@ -4,6 +4,8 @@
 # smoke:  GPU tests, tiny cert beds, a 3-step qwen2_5_1_5b run (timings and peak memory)
 # beds:   step-0 + 10-step cert beds of every model, bf16 and mxfp8, both kv modes; default mode
 # final:  on the final code: GPU tests, the remaining big-bed runs, the hybrid rows (issue 13)
+# remaining: what the 2026-12-03 runs left (GPU tests, Nemotron 10 steps, the hybrid bench,
+#         megatron MoE dedicated, default mode on the 1.5B's other beds)
 # extra:  dedicated on one GPU (1.5B), ablation on the 1.5B shape, CPU vs CUDA comparison
 # two:    on nvidia-h200-x2, the generator on the second GPU (layout.backend=nccl): the
 #         multi-GPU tests, 10-step 1.5B beds, default mode, refit GB/s against the NCCL peak
@@ -101,6 +103,26 @@ final)  # on the final code: GPU tests (graphs on too), the remaining big beds, 
   tar czf "$OUT/final.tgz" -C $W .
   grep -h "zkl.cert \[\|passed\|failed\|error" $W/*.log | grep -v '\.\.\.$' | cut -c1-230
   cat $W/megatron/summary.txt 2>/dev/null
+  ;;
+remaining)  # what 2026-12-03 left for issues 11-13, about 6 minutes; then scripts/gpu_speed.sh
+  NH="model=nemotron3_nano_30b_a3b model.num_hidden_layers=3 model.hybrid_override_pattern=M*E"
+  BNH="$BIG rl.prompts_per_step=4 $NH cert.models=[nemotron3_nano_30b_a3b]"
+  B15="$BIG rl.prompts_per_step=4 $M15 cert.models=[qwen2_5_1_5b]"
+  MEG="engine=megatron_local device=cuda cert.models=[tiny_moe] cert.layouts=[dedicated]"
+  W=/tmp/remaining; mkdir -p $W
+  ( log pytest; timeout 330 python3 -m pytest -m gpu -q -rfE tests 2>&1 | tail -40 ) > $W/A.log 2>&1 &
+  ( cert /tmp/n2 $BNH cert.precisions=[bf16,mxfp8] cert.kv=[recompute,persist] cert.steps=10
+  ) > $W/N.log 2>&1 &
+  ( log bench; timeout 150 python3 -m zkl.bench $Q device=cuda model=tiny_hybrid hydra.run.dir=/tmp/hb
+    cert /tmp/m1 $MEG cert.steps=10
+    cert /tmp/d2 $B15 cert.precisions=[bf16,mxfp8] cert.kv=[recompute,persist] zero_train_gen_mismatch=false
+  ) > $W/H.log 2>&1 &
+  for _ in $(seq "${BUDGET_S:-400}"); do [ -z "$(jobs -rp)" ] && break; sleep 1; done
+  pkill -f zkl.cert; pkill -f zkl.bench; pkill -f pytest; sleep 3
+  for d in /tmp/*/; do [ -f "$d/cert.jsonl" ] && cp "$d/cert.jsonl" "$W/$(basename "$d").cert.jsonl"; done
+  cp /tmp/hb/bench.json "$W/hybrid_bench.json" 2>/dev/null
+  tar czf "$OUT/remaining.tgz" -C $W .
+  grep -h "zkl.cert \[\|passed\|failed\|error\|ratio" $W/*.log | grep -v '\.\.\.$' | cut -c1-230
   ;;
 extra)
   cert /tmp/d_tiny device=cuda zero_train_gen_mismatch=false

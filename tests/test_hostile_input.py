@@ -256,3 +256,20 @@ def test_cert_fails_a_diverged_bed_and_certifies_the_rest(tmp_path):
     rows = run_cert(cfg, tmp_path)
     assert len(rows) == 2
     assert all(not r["passed"] and "not finite" in r["result"] for r in rows)
+
+
+def test_the_mamba_chunk_scan_is_in_the_estimate(monkeypatch):
+    """A Nemotron-H scan at 128-position chunks builds [b, Q, Q, H, N] per layer: a run that
+    cannot hold it is refused with the part named, not killed by the OOM killer."""
+    cut = ["model=nemotron3_nano_30b_a3b", "model.num_hidden_layers=3"]
+    cut += ["model.hybrid_override_pattern=M*E", "model.hidden_size=256"]
+    cut += ["model.n_routed_experts=8", "model.vocab_size=4096", "task.name=residue"]
+    cfg = make_cfg(*cut)
+    parts = memory.estimate(cfg, 80)
+    samples = cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt
+    assert parts["Mamba chunk scan"] == memory.mamba_scan_bytes(cfg.model, samples, 80) > 0
+    assert memory.estimate(make_cfg("model=tiny_dense"), 80)["Mamba chunk scan"] == 0.0
+    monkeypatch.setattr(memory, "available_bytes", lambda: parts["Mamba chunk scan"] / 2)
+    message = refusal(cut)
+    assert "the largest part is the Mamba chunk scan" in message
+    assert "rl.score_micro_batch" in message

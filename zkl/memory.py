@@ -35,6 +35,8 @@ ADVICE = {
     "update activations": "raise rl.num_minibatches, or lower rl.prompts_per_step, "
     "sampling.max_new_tokens or model.vocab_size",
     "generation activations": "lower engine.max_batch_size",
+    "Mamba chunk scan": "set rl.score_micro_batch, or lower rl.prompts_per_step or "
+    "rl.samples_per_prompt",
     "rollout records": "lower rl.prompts_per_step or rl.samples_per_prompt",
     "processes": "free memory on this machine",
     "generator weights and refit buffer": "use a smaller model (model=...) or a GPU with "
@@ -106,6 +108,17 @@ def _token_bytes(cfg: Any, positions: int) -> tuple[int, int, int]:
     return c, kv_token, (10 * m.hidden_size + 3 * width) * c + attention_row
 
 
+def mamba_scan_bytes(m: ModelConfig, sequences: int, positions: int) -> float:
+    """The chunk scan's largest transient: C[l].B[s] over every (l, s) pair of every chunk,
+    [b, chunks, Q, Q, H, N] in fp32 (and the same with P), built by one layer at a time;
+    twice that for the backward's gradient of the product."""
+    if m.family != "nemotron_h" or "M" not in m.hybrid_override_pattern:
+        return 0.0
+    q = m.chunk_size
+    width = max(m.ssm_state_size, m.mamba_head_dim)
+    return 2.0 * sequences * math.ceil(positions / q) * q * q * m.mamba_num_heads * width * 4
+
+
 def estimate(cfg: Any, positions: int) -> dict[str, float]:
     """Bytes of each large part of a run whose sequences are `positions` tokens long, on the
     trainer's device (with `layout.backend=nccl` the generator's GPU is `generator_estimate`)."""
@@ -143,6 +156,8 @@ def estimate(cfg: Any, positions: int) -> dict[str, float]:
             * positions
             * (m.vocab_size * update_bytes + m.num_hidden_layers * layer_token)
         ),
+        # the trainer's forwards; the engine prefills a hybrid one request at a time
+        "Mamba chunk scan": mamba_scan_bytes(m, max(scored, minibatch), positions),
         "rollout records": float(samples * positions * RECORD_BYTES_PER_TOKEN),
         "processes": PROCESS_BYTES * (1 + dedicated),
     }

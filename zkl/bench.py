@@ -8,8 +8,7 @@ costs decode (decode tokens/s: decode steps only, prefill excluded). With
 refit buffer) against the transport's own bandwidth between the two sides, measured in the
 same run with buffers of the same size. The same Hydra config and overrides as
 `python -m zkl`. On CUDA a model without Mamba layers gets the table of `zkl.bench_cuda`
-instead (graphs,
-batch sizes, the train step, GEMMs, the roofline, transformers), or with
+instead (graphs, batch sizes, the train step, GEMMs, the roofline, transformers), or with
 `+layout=dedicated` the refit figures alone (the engine's kernels do not depend on the
 layout).
 """
@@ -49,7 +48,7 @@ def measure(
         done = engine.generate(requests)
         t1 = time.perf_counter()
         score(policy.model, [c.prompt for c in done], [c.tokens for c in done])
-        if torch.cuda.is_available() and policy.model.embed_tokens.weight.is_cuda:
+        if policy.model.embed_tokens.weight.is_cuda:
             torch.cuda.synchronize()  # the scores are queued on the device until here
         t2 = time.perf_counter()
     gen_tokens = sum(len(c.tokens) for c in done)

@@ -20,7 +20,7 @@ from zkl.checkpoint_check import check_checkpoint
 from zkl.config_keys import reject_unknown_keys
 from zkl.device import check_device, generator_device, resolve_device
 from zkl.errors import ConfigError
-from zkl.generation.graphs import graph_setting
+from zkl.generation.graphs import GRAPH_SETTINGS, graph_setting
 from zkl.invariance import FIXES
 from zkl.megatron.check import engine_problem
 from zkl.megatron.mapping import ENGINES
@@ -330,7 +330,7 @@ def validate(
     if cfg.engine.sync_every < 0:
         raise ConfigError(f"engine.sync_every={cfg.engine.sync_every} must be >= 0 (0: auto).")
     graphs = graph_setting(cfg.engine.cuda_graphs)
-    if graphs not in ("auto", "on", "off"):
+    if graphs not in GRAPH_SETTINGS:
         raise ConfigError(f"engine.cuda_graphs={cfg.engine.cuda_graphs!r} must be auto, on or off.")
     if graphs == "on" and not on_cuda:
         raise ConfigError("engine.cuda_graphs=on needs device=cuda; use auto or off on the CPU.")

@@ -21,7 +21,12 @@ from dataclasses import dataclass
 import torch
 
 from zkl import ops
-from zkl.generation.graphs import BucketedDecode, graph_setting, graph_unsupported_reason
+from zkl.generation.graphs import (
+    GRAPH_SETTINGS,
+    BucketedDecode,
+    graph_setting,
+    graph_unsupported_reason,
+)
 from zkl.generation.kv_cache import KVCache
 from zkl.generation.mamba_cache import HybridCache
 from zkl.generation.prefix_cache import BLOCK, PrefixCache
@@ -30,7 +35,6 @@ from zkl.invariance import FIXES, is_enabled
 from zkl.precision import weight_cache
 
 log = logging.getLogger(__name__)
-GRAPH_SETTINGS = ("auto", "on", "off")
 CAPACITY_STEP = 256  # graphs keep their cache: lengths round up to this, so few recaptures
 
 

@@ -27,6 +27,7 @@ import torch
 from zkl.ops.fast import static_shapes
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+GRAPH_SETTINGS = ("auto", "on", "off")  # engine.cuda_graphs
 
 
 def graph_setting(value: object) -> str:

@@ -148,7 +148,8 @@ def train_step(cfg: ZklConfig, task, policy: Policy, generator, step: int, log: 
     lp_train = score(policy.model, prompts, responses, temps, cfg.rl.score_micro_batch)
     t2 = time.perf_counter()
     lp_gen = torch.cat([c.logprobs for c in completions])
-    row: dict[str, Any] = {"step": step, **mismatch_metrics(torch.cat(lp_train), lp_gen)}
+    lp_train_flat = torch.cat(lp_train)
+    row: dict[str, Any] = {"step": step, **mismatch_metrics(lp_train_flat, lp_gen)}
     group = cfg.rl.samples_per_prompt
     rewards = [task.reward(problems[i // group], c.tokens) for i, c in enumerate(completions)]
     reward_t = torch.tensor(rewards)
@@ -188,7 +189,7 @@ def train_step(cfg: ZklConfig, task, policy: Policy, generator, step: int, log: 
         row["perf/peak_gpu_mem_gb"] = torch.cuda.max_memory_allocated(policy.device) / 2**30
     log.log(step, row)
     log.log_tokens(token_records(step, completions, lp_train, rewards, cfg.tracking.dump_tokens))
-    check_finite(cfg, step, lp_gen, torch.cat(lp_train), row)
+    check_finite(cfg, step, lp_gen, lp_train_flat, row)
     return row
 
 

@@ -1,0 +1,292 @@
+"""Issue 11 exploration on the H200: which GEMM kernel forms and tiles are fast, and which give
+the fixed tile's bits. Writes one JSON line per (shape, variant) to argv[1].
+
+Variants: `ptr` (zkl's kernel, pointer loads) over many tiles; `tma` (TMA descriptor loads,
+one tile per program); `tma_persist` (TMA, persistent over tiles); `splitk<S>` (K cut in S
+fixed parts, summed in order: other bits, timed to know the price). Every time is the mean
+of 20 calls replayed from one CUDA graph, so small decode GEMMs are not launch-bound.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from zkl.ops.triton.gemm import config_for, gemm
+
+SMS = torch.cuda.get_device_properties(0).multi_processor_count
+
+
+@triton.jit(do_not_specialize=["M"])
+def _tma_kernel(
+    x_desc,
+    w_desc,
+    o_desc,
+    M,
+    N,
+    K,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    per_group = GROUP * num_n
+    first_m = (pid // per_group) * GROUP
+    rows = tl.minimum(num_m - first_m, GROUP)
+    pid_m = first_m + (pid % per_group) % rows
+    pid_n = (pid % per_group) // rows
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BK)):
+        a = x_desc.load([pid_m * BM, k * BK])
+        b = w_desc.load([pid_n * BN, k * BK])
+        acc = tl.dot(a, b.T, acc)
+    o_desc.store([pid_m * BM, pid_n * BN], acc.to(o_desc.dtype))
+
+
+@triton.jit(do_not_specialize=["M"])
+def _tma_persist_kernel(
+    x_desc,
+    w_desc,
+    o_desc,
+    M,
+    N,
+    K,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+    WS: tl.constexpr,
+):
+    start = tl.program_id(0)
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    k_tiles = tl.cdiv(K, BK)
+    per_group = GROUP * num_n
+    for tile in tl.range(start, num_m * num_n, NUM_SMS, flatten=True, warp_specialize=WS):
+        first_m = (tile // per_group) * GROUP
+        rows = tl.minimum(num_m - first_m, GROUP)
+        pid_m = first_m + (tile % per_group) % rows
+        pid_n = (tile % per_group) // rows
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k in range(k_tiles):
+            a = x_desc.load([pid_m * BM, k * BK])
+            b = w_desc.load([pid_n * BN, k * BK])
+            acc = tl.dot(a, b.T, acc)
+        o_desc.store([pid_m * BM, pid_n * BN], acc.to(o_desc.dtype))
+
+
+@triton.jit(do_not_specialize=["M"])
+def _splitk_kernel(
+    x_ptr, w_ptr, p_ptr, M, N, K, K_PART, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    part = tl.program_id(2)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_k = tl.arange(0, BK)
+    k_lo = part * K_PART
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(k_lo, tl.minimum(k_lo + K_PART, K), BK):
+        kk = k0 + offs_k
+        a = tl.load(
+            x_ptr + offs_m[:, None] * K + kk[None, :],
+            mask=(offs_m[:, None] < M) & (kk[None, :] < K),
+            other=0.0,
+        )
+        b = tl.load(
+            w_ptr + offs_n[None, :] * K + kk[:, None],
+            mask=(kk[:, None] < K) & (offs_n[None, :] < N),
+            other=0.0,
+        )
+        acc = tl.dot(a, b, acc)
+    out = p_ptr + part * M * N + offs_m[:, None] * N + offs_n[None, :]
+    tl.store(out, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
+def _sum_parts_kernel(p_ptr, o_ptr, MN, PARTS: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for part in tl.static_range(PARTS):
+        acc += tl.load(p_ptr + part * MN + offs, mask=offs < MN, other=0.0)
+    tl.store(o_ptr + offs, acc.to(o_ptr.dtype.element_ty), mask=offs < MN)
+
+
+def tma(x, w, cfg, persist=False, ws=False):
+    bm, bn, bk, warps, stages = cfg
+    m, k = x.shape
+    n = w.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    xd = TensorDescriptor.from_tensor(x, [bm, bk])
+    wd = TensorDescriptor.from_tensor(w, [bn, bk])
+    od = TensorDescriptor.from_tensor(out, [bm, bn])
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    if persist:
+        _tma_persist_kernel[(min(SMS, tiles),)](
+            xd,
+            wd,
+            od,
+            m,
+            n,
+            k,
+            BM=bm,
+            BN=bn,
+            BK=bk,
+            GROUP=8,
+            NUM_SMS=SMS,
+            WS=ws,
+            num_warps=warps,
+            num_stages=stages,
+        )
+    else:
+        _tma_kernel[(tiles,)](
+            xd, wd, od, m, n, k, BM=bm, BN=bn, BK=bk, GROUP=8, num_warps=warps, num_stages=stages
+        )
+    return out
+
+
+def splitk(x, w, cfg, parts):
+    bm, bn, bk, warps, stages = cfg
+    m, k = x.shape
+    n = w.shape[0]
+    k_part = triton.cdiv(triton.cdiv(k, parts), bk) * bk
+    p = torch.empty(parts, m, n, dtype=torch.float32, device=x.device)
+    _splitk_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn), parts)](
+        x, w, p, m, n, k, k_part, BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages
+    )
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    _sum_parts_kernel[(triton.cdiv(m * n, 1024),)](p, out, m * n, PARTS=parts, BLOCK=1024)
+    return out
+
+
+def graph_time(fn, calls=20) -> float:
+    """Seconds per call: `calls` calls captured in one graph, replayed 5 times."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(5):
+        graph.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / (5 * calls)
+
+
+PTR = [
+    (128, 256, 64, 8, 3),
+    (128, 256, 64, 8, 4),
+    (128, 128, 64, 8, 4),
+    (128, 128, 64, 4, 4),
+    (128, 128, 128, 8, 3),
+    (128, 256, 128, 8, 2),
+    (64, 256, 64, 4, 4),
+    (64, 128, 64, 4, 4),
+    (64, 64, 128, 4, 4),
+    (64, 32, 128, 4, 4),
+    (64, 32, 256, 4, 3),
+    (64, 16, 256, 4, 4),
+    (64, 64, 256, 4, 3),
+    (32, 64, 128, 4, 4),
+    (16, 64, 128, 4, 4),
+    (16, 32, 256, 4, 4),
+]
+TMA = [
+    (128, 256, 64, 8, 3),
+    (128, 256, 64, 8, 4),
+    (128, 128, 64, 8, 4),
+    (128, 128, 128, 8, 3),
+    (128, 256, 128, 8, 2),
+    (64, 128, 64, 4, 4),
+    (64, 64, 128, 4, 4),
+    (64, 32, 256, 4, 4),
+    (64, 16, 256, 4, 4),
+]
+SPLIT = [
+    ((64, 64, 128, 4, 4), 2),
+    ((64, 64, 128, 4, 4), 4),
+    ((64, 128, 64, 4, 4), 4),
+    ((64, 64, 128, 4, 4), 8),
+]
+
+
+def variants_for(x: torch.Tensor, w: torch.Tensor) -> list:
+    """(name, callable) of every kernel form and tile timed at this shape."""
+    out = [(f"ptr/{c}", lambda c=c: gemm(x, w, config=c)) for c in PTR]
+    out += [(f"tma/{c}", lambda c=c: tma(x, w, c)) for c in TMA]
+    out += [(f"tma_persist/{c}", lambda c=c: tma(x, w, c, persist=True)) for c in TMA[:5]]
+    out += [(f"tma_ws/{c}", lambda c=c: tma(x, w, c, persist=True, ws=True)) for c in TMA[:3]]
+    if x.shape[0] <= 256:
+        out += [(f"splitk{p}/{c}", lambda c=c, p=p: splitk(x, w, c, p)) for c, p in SPLIT]
+    return out
+
+
+def explore(label: str, m: int, k: int, n: int, log) -> None:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+    ref = gemm(x, w)
+    cublas = graph_time(lambda: torch.mm(x, w.t()))
+    row = {
+        "shape": label,
+        "m": m,
+        "k": k,
+        "n": n,
+        "cublas_us": cublas * 1e6,
+        "fixed": "x".join(map(str, config_for(k, n, torch.bfloat16))),
+        "cublas_bitwise": torch.equal(torch.mm(x, w.t()), ref),
+        "weight_gbs": n * k * 2 / cublas / 1e9,
+    }
+    log.write(json.dumps(row) + "\n")
+    for name, fn in variants_for(x, w):
+        rec = {"shape": label, "variant": name}
+        try:
+            seconds = graph_time(fn)
+            got = fn()
+            rec.update(
+                us=seconds * 1e6,
+                over_cublas=cublas / seconds,
+                bitwise=torch.equal(got, ref),
+                max_abs=float((got.float() - ref.float()).abs().max()),
+            )
+        except Exception as exc:  # noqa: BLE001 - a tile too big, an API missing
+            rec["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+        log.write(json.dumps(rec) + "\n")
+        log.flush()
+    print(label, f"cublas {cublas * 1e6:.1f}us", flush=True)
+
+
+def main(path: str) -> None:
+    h, inter, vocab = 1536, 8960, 151936
+    layers = [
+        ("qkv", h, 2048),
+        ("o_proj", h, h),
+        ("gate_up", h, 2 * inter),
+        ("down", inter, h),
+        ("lm_head", h, vocab),
+    ]
+    shapes = [("4096^3", 4096, 4096, 4096)]
+    for m in (8192, 256, 64, 1):
+        shapes += [(f"{name}_M{m}", m, k, n) for name, k, n in layers]
+    with open(path, "w") as log:
+        for shape in shapes:
+            explore(*shape, log)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

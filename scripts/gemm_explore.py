@@ -4,7 +4,7 @@ the fixed tile's bits. Writes one JSON line per (shape, variant) to argv[1].
 Variants: `ptr` (zkl's kernel, pointer loads) over many tiles; `tma` (TMA descriptor loads,
 one tile per program); `tma_persist` (TMA, persistent over tiles); `splitk<S>` (K cut in S
 fixed parts, summed in order: other bits, timed to know the price). Every time is the mean
-of 20 calls replayed from one CUDA graph, so small decode GEMMs are not launch-bound.
+of 10 calls replayed from one CUDA graph, so small decode GEMMs are not launch-bound.
 """
 
 from __future__ import annotations
@@ -170,8 +170,8 @@ def splitk(x, w, cfg, parts):
     return out
 
 
-def graph_time(fn, calls=20) -> float:
-    """Seconds per call: `calls` calls captured in one graph, replayed 5 times."""
+def graph_time(fn, calls=10) -> float:
+    """Seconds per call: `calls` calls captured in one graph, replayed 3 times."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -182,10 +182,10 @@ def graph_time(fn, calls=20) -> float:
     graph.replay()
     torch.cuda.synchronize()
     start = time.perf_counter()
-    for _ in range(5):
+    for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
-    return (time.perf_counter() - start) / (5 * calls)
+    return (time.perf_counter() - start) / (3 * calls)
 
 
 PTR = [
@@ -227,8 +227,10 @@ SPLIT = [
 
 def variants_for(x: torch.Tensor, w: torch.Tensor) -> list:
     """(name, callable) of every kernel form and tile timed at this shape."""
-    out = [(f"ptr/{c}", lambda c=c: gemm(x, w, config=c)) for c in PTR]
-    out += [(f"tma/{c}", lambda c=c: tma(x, w, c)) for c in TMA]
+    big = x.shape[0] >= 4096  # small tiles only where M is small
+    ptr = [c for c in PTR if not big or min(c[:2]) >= 64]
+    out = [(f"ptr/{c}", lambda c=c: gemm(x, w, config=c)) for c in ptr]
+    out += [(f"tma/{c}", lambda c=c: tma(x, w, c)) for c in TMA if not big or min(c[:2]) >= 64]
     out += [(f"tma_persist/{c}", lambda c=c: tma(x, w, c, persist=True)) for c in TMA[:5]]
     out += [(f"tma_ws/{c}", lambda c=c: tma(x, w, c, persist=True, ws=True)) for c in TMA[:3]]
     if x.shape[0] <= 256:

@@ -138,3 +138,26 @@ def test_gemm_tile_override_computes_the_same_product():
     for config in TILE_CANDIDATES[-3:]:  # the small tiles: the interpreter is slow
         got = gemm.gemm(x, w, config=config).float()
         assert (got - ref).abs().max() <= 0.05, config
+
+
+def test_fused_gumbel_argmax_is_the_torch_sampler():
+    """The fused hash-noise-argmax pass picks torch's token: ragged vocab (no part or block
+    divides it), rows split across parts, first-index ties (+inf twice) and an all -inf row."""
+    from zkl import rng
+    from zkl.ops.triton import sampling
+
+    vocab = 3 * sampling.BLOCK + 77
+    scores = torch.randn(4, vocab, generator=torch.Generator().manual_seed(0)) * 3
+    scores[1, [1500, 2100, vocab - 1]] = float("inf")
+    scores[2] = float("-inf")
+    keys = rng.key(torch.tensor([0, 1, 2, 2**40]), torch.tensor([0, 5, 9, 1]))
+    fused = sampling.gumbel_argmax(scores, keys)
+    assert torch.equal(fused, fast.gumbel_argmax(scores, keys))
+    assert fused.tolist()[1:3] == [1500, 0]
+    many = torch.stack(
+        [sampling.gumbel_argmax(scores, rng.key(torch.tensor([s]), 0).expand(4)) for s in range(20)]
+    )
+    reference = torch.stack(
+        [fast.gumbel_argmax(scores, rng.key(torch.tensor([s]), 0).expand(4)) for s in range(20)]
+    )
+    assert torch.equal(many, reference) and many[:, 0].unique().numel() > 1

@@ -66,3 +66,8 @@ def uniform(keys: torch.Tensor, count: int, offset: int = 0) -> torch.Tensor:
     """fp32 values in (0, 1) on a 2^-24 grid: keys [...] -> [..., count]."""
     top24 = (bits(keys, count, offset) >> 8).to(torch.float32)
     return (top24 + 0.5) * (2.0**-24)
+
+
+def gumbel(keys: torch.Tensor, count: int) -> torch.Tensor:
+    """Gumbel(0, 1) noise: keys [...] -> fp32 [..., count] (index i's draw is `uniform`'s)."""
+    return -torch.log(-torch.log(uniform(keys, count)))

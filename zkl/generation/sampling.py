@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from zkl import rng
+from zkl import ops, rng
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,7 @@ def processed_logits(
 
 def gumbel_noise(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> torch.Tensor:
     """Gumbel(0, 1) noise [B, V] keyed by each row's (seed, token index) and the vocab id."""
-    keys = rng.key(seeds, counters, device=seeds.device)
-    return -torch.log(-torch.log(rng.uniform(keys, vocab)))
+    return rng.gumbel(rng.key(seeds, counters, device=seeds.device), vocab)
 
 
 def sample(
@@ -69,4 +68,4 @@ def sample(
 ) -> torch.Tensor:
     """Next token [B] (int64, on the logits' device) of every row: Gumbel-max sampling."""
     scores = processed_logits(logits, temperature, top_k, top_p)
-    return (scores + gumbel_noise(seeds, counters, logits.shape[-1])).argmax(dim=-1)
+    return ops.gumbel_argmax(scores, rng.key(seeds, counters, device=seeds.device))

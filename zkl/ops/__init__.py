@@ -67,3 +67,14 @@ def token_logprobs(
     if logits.is_cuda and is_enabled("batch_invariant_reductions"):
         return _invariant_for(logits).token_logprobs(logits, tokens, temperature)
     return fast.token_logprobs(logits, tokens, temperature)
+
+
+def gumbel_argmax(scores: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Gumbel-max sampling: first argmax of scores [B, V] + `zkl.rng.gumbel(keys [B], V)`.
+
+    Not a fix (every mode samples this way, and a row's draw never reads another row): on
+    CUDA one fused Triton pass replaces the noise's forty int64 passes over [B, V].
+    """
+    if scores.is_cuda:
+        return importlib.import_module("zkl.ops.cuda").gumbel_argmax(scores, keys)
+    return fast.gumbel_argmax(scores, keys)

@@ -8,5 +8,6 @@ from __future__ import annotations
 from zkl.ops.triton.attention import attention
 from zkl.ops.triton.gemm import linear
 from zkl.ops.triton.rowwise import rms_norm, softmax, token_logprobs
+from zkl.ops.triton.sampling import gumbel_argmax
 
-__all__ = ["attention", "linear", "rms_norm", "softmax", "token_logprobs"]
+__all__ = ["attention", "gumbel_argmax", "linear", "rms_norm", "softmax", "token_logprobs"]

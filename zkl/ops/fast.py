@@ -9,6 +9,8 @@ from contextvars import ContextVar
 import torch
 import torch.nn.functional as F
 
+from zkl import rng
+
 _STATIC_SHAPES: ContextVar[bool] = ContextVar("static_shapes", default=False)
 
 
@@ -43,6 +45,10 @@ def token_logprobs(
 ) -> torch.Tensor:
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)
     return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def gumbel_argmax(scores: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    return (scores + rng.gumbel(keys, scores.shape[-1])).argmax(dim=-1)
 
 
 def attention(

@@ -47,6 +47,7 @@ def _gemm_kernel(
     stride_om,
     stride_on,
     HAS_BIAS: tl.constexpr,
+    EVEN_K: tl.constexpr,  # K a multiple of BLOCK_K: no tail to mask
     PRECISION: tl.constexpr,  # 'ieee' for fp32 (no TF32), 'tf32' (ignored) for bf16
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -63,23 +64,31 @@ def _gemm_kernel(
     pid_m = first_m + (pid % per_group) % group_rows
     pid_n = (pid % per_group) // group_rows
 
-    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # M * N may pass 2^31
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Out-of-range rows and columns read row/column 0 instead of being masked (their results
+    # are never stored), so the loads stay unmasked and vectorized; only K's tail is masked.
+    offs_m = tl.where(rows < M, rows, 0).to(tl.int64)  # M * K may pass 2^31
+    offs_n = tl.where(cols < N, cols, 0)
     offs_k = tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
     w_ptrs = w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk  # [BK, BN]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        k_left = K - k0
-        a = tl.load(x_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < k_left), other=0.0)
-        b = tl.load(w_ptrs, mask=(offs_k[:, None] < k_left) & (offs_n[None, :] < N), other=0.0)
+        if EVEN_K:
+            a = tl.load(x_ptrs)
+            b = tl.load(w_ptrs)
+        else:
+            a = tl.load(x_ptrs, mask=offs_k[None, :] < K - k0, other=0.0)
+            b = tl.load(w_ptrs, mask=offs_k[:, None] < K - k0, other=0.0)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
     if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        acc += tl.load(b_ptr + offs_n).to(tl.float32)[None, :]
+    out_rows = rows.to(tl.int64)
+    out_ptrs = out_ptr + out_rows[:, None] * stride_om + cols[None, :] * stride_on
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -118,6 +127,7 @@ def gemm(
         out.stride(0),
         out.stride(1),
         HAS_BIAS=bias is not None,
+        EVEN_K=depth % block_k == 0,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m,
         BLOCK_N=block_n,

@@ -274,21 +274,22 @@ def test_dedicated_cuda_ipc_equals_colocated(tmp_path):
         assert b["train/max_abs_logprob_diff"] == 0.0
 
 
-def test_gemm_tile_configs_agree_and_rows_are_m_invariant(monkeypatch):
-    """The large tile (K, N >= 1024) gives the bits of the small one (K walked in order on
-    Hopper), and rows never depend on M at 4096^3 and the 1.5B's deepest shape."""
+def test_tiles_agree_on_this_device_and_rows_are_m_invariant():
+    """On Hopper every tile and form (pointer or TMA loads, persistent or not) gives the fixed
+    tile's bits, so the tile follows M; rows never depend on M across the M buckets at 4096^3
+    and the 1.5B's shapes (the deepest, the widest)."""
     from zkl.ops.triton import gemm
 
     g = torch.Generator(device=DEV).manual_seed(2)
-    for depth, width in ((4096, 4096), (8960, 1536), (1536, 8960)):
-        assert gemm.config_for(depth, width, torch.bfloat16) == gemm.LARGE_16
+    for depth, width in ((4096, 4096), (8960, 1536), (1536, 8960), (1536, 151936)):
+        assert gemm.tiles_agree(depth, width, torch.bfloat16, torch.device(DEV)), (depth, width)
         x = torch.randn(1007, depth, device=DEV, generator=g).to(torch.bfloat16)
         w = (torch.randn(width, depth, device=DEV, generator=g) * 0.02).to(torch.bfloat16)
         assert row_mismatches(cuda.linear, x, w) == 0, (depth, width)
-        large = gemm.gemm(x, w)
-        with monkeypatch.context() as m:
-            m.setattr(gemm, "config_for", lambda *_: gemm.SMALL_16)
-            assert torch.equal(gemm.gemm(x, w), large), (depth, width)
+        full = gemm.gemm(x, w)
+        for config in gemm._candidates(depth, width, torch.bfloat16) | {gemm.SMALL_16}:
+            for tma in (False, True):
+                assert torch.equal(gemm._product(x, w, None, config, tma), full), (config, tma)
 
 
 def test_hybrid_bench_on_cuda_times_the_mamba_fix(tmp_path):

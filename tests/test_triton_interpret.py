@@ -106,24 +106,61 @@ def test_attention_backward_matches_sdpa():
         torch.testing.assert_close(got, t.grad, rtol=1e-4, atol=1e-4)
 
 
-def test_gemm_config_depends_on_the_weight_only_and_rows_are_m_invariant():
-    """Both 16-bit tile configs index and mask every M and row offset right (interpreter, fp16:
-    NumPy has no bf16). Its dot is NumPy's, so bitwise M-invariance is the GPU tests' claim
-    (tests/test_gpu.py: every model shape, M from 1 to 1000)."""
-    assert gemm.config_for(1024, 1024, torch.bfloat16) == gemm.LARGE_16
-    assert gemm.config_for(1024, 256, torch.bfloat16) == gemm.SMALL_16
-    assert gemm.config_for(64, 4096, torch.float16) == gemm.SMALL_16
-    assert gemm.config_for(8960, 1536, torch.float32) == gemm.FP32
+def test_gemm_tiles_follow_m_and_the_fixed_tile_follows_the_weight_only():
+    assert gemm.fixed_config(1024, 1024, torch.bfloat16) == gemm.LARGE_16
+    assert gemm.fixed_config(1024, 256, torch.bfloat16) == gemm.SMALL_16
+    assert gemm.fixed_config(8960, 1536, torch.float32) == gemm.FP32
+    bf16 = torch.bfloat16
+    assert gemm.config_for(1, 1536, 2048, bf16) == gemm.DECODE_NARROW
+    assert gemm.config_for(64, 1536, 8960, bf16) == gemm.DECODE_MID
+    assert gemm.config_for(64, 1536, 151936, bf16) == gemm.DECODE_WIDE
+    assert gemm.config_for(256, 8960, 1536, bf16) == gemm.DECODE_MID
+    assert gemm.config_for(256, 1536, 17920, bf16) == gemm.MID_WIDE
+    assert gemm.config_for(8192, 1536, 1536, torch.float16) == gemm.TRAIN
+    assert gemm.config_for(8192, 1536, 1536, torch.float32) == gemm.FP32
+    with pytest.raises(TypeError, match="bf16, fp16 and fp32"):
+        gemm.config_for(1, 64, 64, torch.float64)
+
+
+def test_every_tile_and_form_computes_the_product():
+    """Pointer and TMA loads, one tile per program and persistent, with a bias, on a shape no
+    tile divides and rows past the last tile (interpreter, fp16: NumPy has no bf16). The
+    interpreter's dot is NumPy's, so bitwise claims are the GPU tests'."""
     g = torch.Generator().manual_seed(0)
-    for depth, width in ((1024, 1024), (96, 200)):
-        x = torch.randn(131, depth, generator=g).to(torch.float16)
-        w = (torch.randn(width, depth, generator=g) * 0.05).to(torch.float16)
-        full = gemm.gemm(x, w)
-        ref = (x.float() @ w.float().t()).to(torch.float16)
-        assert (full.float() - ref.float()).abs().max() <= 0.05
-        for lo, m in ((0, 1), (5, 3), (0, 130), (100, 31)):
-            part = gemm.gemm(x[lo : lo + m], w).float()
-            assert torch.allclose(part, full[lo : lo + m].float(), rtol=2e-3, atol=2e-3), m
+    x = torch.randn(131, 264, generator=g).to(torch.float16)
+    w = (torch.randn(200, 264, generator=g) * 0.05).to(torch.float16)
+    bias = torch.randn(200, generator=g).to(torch.float16)
+    ref = (x.float() @ w.float().t() + bias.float()).to(torch.float16).float()
+    configs = (gemm.DECODE_NARROW, gemm.DECODE_WIDE, gemm.MID_WIDE, gemm.TRAIN, gemm.SMALL_16)
+    for config in configs:
+        for tma in (False, True):
+            got = gemm._product(x, w, bias, config, tma).float()
+            assert (got - ref).abs().max() <= 0.05, (config, tma)
+    assert gemm._tma_ok(x, w) and not gemm._tma_ok(x[:, 1:])  # a 2-byte offset: pointer form
+
+
+def test_tiles_disagreeing_on_a_device_pin_one_tile(monkeypatch):
+    """Where some tile gives other bits, the first call warns and that shape keeps the fixed
+    tile for every M; where all agree, M picks the tile."""
+    calls = []
+    real = gemm._product
+
+    def product(x, w, bias, config, tma):
+        calls.append(config)
+        out = real(x, w, bias, config, tma)
+        return out + 1 if config == gemm.DECODE_NARROW else out  # this tile "differs"
+
+    monkeypatch.setattr(gemm, "_product", product)
+    monkeypatch.setattr(gemm, "_AGREES", {})
+    x = torch.randn(3, 72).to(torch.float16)
+    w = torch.randn(40, 72).to(torch.float16)
+    with pytest.warns(UserWarning, match="keeps one tile for every batch size"):
+        gemm.gemm(x, w)
+    assert calls[-1] == gemm.fixed_config(72, 40, torch.float16)
+    assert not gemm.tiles_agree(72, 40, torch.float16, x.device)
+    monkeypatch.setattr(gemm, "_AGREES", {(72, 40, torch.float16, "cpu"): True})
+    gemm.gemm(x, w)
+    assert calls[-1] == gemm.DECODE_NARROW
 
 
 def test_gemm_tile_override_computes_the_same_product():

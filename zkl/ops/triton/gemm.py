@@ -1,34 +1,156 @@
-"""`x @ w.T (+ b)` with a tile configuration fixed by (K, N, dtype) and K walked in order.
+"""`x @ w.T (+ b)` walking K in order, never split, with tiles chosen for the shape.
 
-Why this kernel and not cuBLAS: cuBLAS picks its algorithm (and split-K) from M, so a row's
-bits change with the batch. Measured on an H200 (DESIGN.md section 4): a GEMM that walks K
-in order without splitting it gives the same bits whatever its M tiling, and equals
-no-split-K cuBLAS. Here the tiles are fixed, so the only thing M changes is how many tiles
-run. The backward is ordinary `torch.mm` (gradients are not compared bitwise).
+Why this kernel and not cuBLAS: cuBLAS picks its algorithm, split-K included, from M, so a
+row's bits change with the batch. A GEMM that walks K in order without splitting it gives
+each output the same bits whatever its tiling: measured on an H200 for every tile and form
+here (pointer or TMA loads, one tile per program or persistent; `scripts/gemm_explore.py`,
+DESIGN.md section 4), and equal to no-split-K cuBLAS. So the tile may follow M, as a fast
+GEMM's does, at no cost to invariance. Because that is a property of the device, it is
+checked there: the first call of each (K, N, dtype, device) runs every tile and form that
+shape can get against the fixed-tile reference (`tiles_agree`); if any bit differs, that
+shape keeps one tile for every M (`fixed_config`) and a warning says so.
+The backward is ordinary `torch.mm` (gradients are not compared bitwise).
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 import triton
 import triton.language as tl
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): chosen by (K, N, dtype), never by M,
-# so a row's bits cannot change with the batch; the train and the gen path share each shape's.
-SMALL_16 = (64, 128, 64, 4, 3)  # 16-bit inputs, narrow or shallow weights
-LARGE_16 = (128, 256, 64, 8, 3)  # 16-bit inputs, K and N >= 1024 (Triton's Hopper tutorial tile)
-FP32 = (32, 64, 32, 4, 2)  # IEEE fp32 (the router): no TF32
+try:  # TMA descriptors (Triton >= 3.4); without them every call takes the pointer form
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    TensorDescriptor = None
+
+Config = tuple[int, int, int, int, int]  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
+
+# Tiles measured on an H200 (docs/benchmarks.md): a decode-sized M gets one 64-row tile and
+# narrow N tiles, so a projection still spreads over the SMs without splitting K; a mid M
+# gets 64x64 tiles or a persistent 128x128; a train M the persistent 128x256 (cuBLAS-level).
+DECODE_NARROW = (64, 32, 256, 4, 4)  # M <= 64, N <= 4096 (attention projections, down)
+DECODE_MID = (64, 64, 128, 4, 4)  # M <= 64, N <= 16384; M <= 512, N <= 4096
+DECODE_WIDE = (64, 128, 64, 4, 4)  # M <= 64, wide N (MLP up, lm_head)
+MID_WIDE = (128, 128, 128, 8, 3)  # 64 < M <= 512, N > 4096
+TRAIN = (128, 256, 64, 8, 3)  # M > 512
+FP32 = (32, 64, 32, 4, 2)  # IEEE fp32 (the router, fixed): no TF32
+# The fallback where the device's bits follow the tile: one config per (K, N), never by M.
+SMALL_16 = (64, 128, 64, 4, 3)
+LARGE_16 = (128, 256, 64, 8, 3)
 LARGE_MIN = 1024
 GROUP_M = 8
+PROBE_ROWS = 192  # rows of the first-use check: a partial row tile at every BLOCK_M
+PROBE_COLS = 512  # weight rows it needs: a column's bits do not depend on N
 
 
-def config_for(depth: int, width: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
-    """The tile config of a GEMM with K = `depth`, N = `width`: a function of the weight only."""
+def fixed_config(depth: int, width: int, dtype: torch.dtype) -> Config:
+    """The one tile of a GEMM with K = `depth`, N = `width` for every M: the reference."""
     if dtype == torch.float32:
         return FP32
     if dtype not in (torch.bfloat16, torch.float16):
         raise TypeError(f"gemm supports bf16, fp16 and fp32, not {dtype}")
     return LARGE_16 if depth >= LARGE_MIN and width >= LARGE_MIN else SMALL_16
+
+
+def config_for(rows: int, depth: int, width: int, dtype: torch.dtype) -> Config:
+    """The tile for M = `rows` (fast); `tiles_agree` has shown its bits are the fixed tile's."""
+    if dtype == torch.float32:
+        return FP32
+    fixed_config(depth, width, dtype)  # the dtype check
+    if rows <= 64:
+        return DECODE_NARROW if width <= 4096 else DECODE_MID if width <= 16384 else DECODE_WIDE
+    if rows <= 512:
+        return DECODE_MID if width <= 4096 else MID_WIDE
+    return TRAIN
+
+
+def _candidates(depth: int, width: int, dtype: torch.dtype) -> set[Config]:
+    return {config_for(rows, depth, width, dtype) for rows in (1, 65, 513)}
+
+
+@triton.jit
+def _tile_coords(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr):
+    """Grouped tile order (better L2 reuse): it changes which tile runs when, never the math."""
+    num_m = tl.cdiv(M, BLOCK_M)
+    per_group = GROUP * tl.cdiv(N, BLOCK_N)
+    first_m = (tile // per_group) * GROUP
+    group_rows = tl.minimum(num_m - first_m, GROUP)
+    return first_m + (tile % per_group) % group_rows, (tile % per_group) // group_rows
+
+
+@triton.jit
+def _tma_tile(
+    x_desc,
+    w_desc,
+    o_desc,
+    b_ptr,
+    pid_m,
+    pid_n,
+    N,
+    K,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """One output tile: K walked in order (the TMA zero-fills past the edges)."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        a = x_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
+        b = w_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
+        acc = tl.dot(a, b.T, acc)
+    if HAS_BIAS:
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc += tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+    o_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(o_desc.dtype))
+
+
+@triton.jit(do_not_specialize=["M"])
+def _gemm_tma_kernel(
+    x_desc,
+    w_desc,
+    o_desc,
+    b_ptr,
+    M,
+    N,
+    K,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP: tl.constexpr,
+):
+    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP)
+    _tma_tile(
+        x_desc, w_desc, o_desc, b_ptr, pid_m, pid_n, N, K, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K
+    )
+
+
+@triton.jit(do_not_specialize=["M"])
+def _gemm_tma_persistent_kernel(
+    x_desc,
+    w_desc,
+    o_desc,
+    b_ptr,
+    M,
+    N,
+    K,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+):
+    """One program per SM walking the tiles: no tail wave, the next tile's loads overlap."""
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), num_tiles, NUM_SMS, flatten=True):
+        pid_m, pid_n = _tile_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP)
+        _tma_tile(
+            x_desc, w_desc, o_desc, b_ptr, pid_m, pid_n, N, K, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K
+        )
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -54,15 +176,7 @@ def _gemm_kernel(
     BLOCK_K: tl.constexpr,
     GROUP: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    # Grouped tile order (better L2 reuse); it changes which tile runs when, never the math.
-    per_group = GROUP * num_n
-    first_m = (pid // per_group) * GROUP
-    group_rows = tl.minimum(num_m - first_m, GROUP)
-    pid_m = first_m + (pid % per_group) % group_rows
-    pid_n = (pid % per_group) // group_rows
+    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP)
 
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -92,30 +206,64 @@ def _gemm_kernel(
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def gemm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    config: tuple[int, int, int, int, int] | None = None,
-) -> torch.Tensor:
-    """x [M, K] @ weight [N, K].T (+ bias [N]) -> [M, N] in x's dtype, fp32 accumulation.
+_SM_COUNT: dict[int, int] = {}
+_AGREES: dict[tuple, bool] = {}
 
-    `config` overrides the tile config (the bench times candidates and checks their bits
-    against `config_for`'s); the model path never passes one.
-    """
-    if x.dtype != weight.dtype:
-        raise TypeError(f"gemm needs one dtype, got {x.dtype} and {weight.dtype}")
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter's CPU tensors
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
+
+
+def _tma_ok(*tensors: torch.Tensor) -> bool:
+    """TMA needs Hopper or later, 16-byte aligned bases and row strides, unit inner stride."""
+    if TensorDescriptor is None:
+        return False
+    if tensors[0].is_cuda and torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
+        return False
+    return all(
+        t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+        for t in tensors
+    )
+
+
+def _launch(x, weight, bias, out, config: Config, tma: bool) -> None:
+    block_m, block_n, block_k, warps, stages = config
     num_rows, depth = x.shape
     num_cols = weight.shape[0]
-    out = torch.empty(num_rows, num_cols, dtype=x.dtype, device=x.device)
-    if num_rows == 0:
-        return out
-    block_m, block_n, block_k, warps, stages = config or config_for(depth, num_cols, x.dtype)
-    grid = (triton.cdiv(num_rows, block_m) * triton.cdiv(num_cols, block_n),)
-    _gemm_kernel[grid](
+    tiles = triton.cdiv(num_rows, block_m) * triton.cdiv(num_cols, block_n)
+    bias_arg = bias if bias is not None else x
+    if tma:
+        descs = (
+            TensorDescriptor.from_tensor(x, [block_m, block_k]),
+            TensorDescriptor.from_tensor(weight, [block_n, block_k]),
+            TensorDescriptor.from_tensor(out, [block_m, block_n]),
+        )
+        common = dict(
+            HAS_BIAS=bias is not None,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            BLOCK_K=block_k,
+            GROUP=GROUP_M,
+            num_warps=warps,
+            num_stages=stages,
+        )
+        if block_m >= 128:  # the large tiles run persistent: measured faster at every shape
+            sms = _sm_count(x.device)
+            _gemm_tma_persistent_kernel[(min(sms, tiles),)](
+                *descs, bias_arg, num_rows, num_cols, depth, NUM_SMS=sms, **common
+            )
+        else:
+            _gemm_tma_kernel[(tiles,)](*descs, bias_arg, num_rows, num_cols, depth, **common)
+        return
+    _gemm_kernel[(tiles,)](
         x,
         weight,
-        bias if bias is not None else x,
+        bias_arg,
         out,
         num_rows,
         num_cols,
@@ -136,7 +284,71 @@ def gemm(
         num_warps=warps,
         num_stages=stages,
     )
+
+
+def _product(x, weight, bias, config: Config, tma: bool) -> torch.Tensor:
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+    if x.shape[0]:
+        _launch(x, weight, bias, out, config, tma and _tma_ok(x, weight, out))
     return out
+
+
+def tiles_agree(depth: int, width: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether every tile and form a (K, N) GEMM can get gives the fixed tile's bits here.
+
+    Checked once per (K, N, dtype, device), eagerly on seeded inputs (never while a CUDA graph
+    is being captured: then the fixed tile is used and nothing is cached). fp32 has one tile.
+    """
+    key = (depth, width, dtype, str(device))
+    if key in _AGREES:
+        return _AGREES[key]
+    if dtype == torch.float32:
+        return True
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return False
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(PROBE_ROWS, depth, generator=g, device=device).to(dtype)
+    cols = min(width, PROBE_COLS)
+    w = (torch.randn(cols, depth, generator=g, device=device) * 0.05).to(dtype)
+    reference = _product(x, w, None, fixed_config(depth, width, dtype), tma=False)
+    agree = all(
+        torch.equal(_product(x, w, None, config, tma), reference)
+        for config in _candidates(depth, width, dtype)
+        for tma in (False, True)
+    )
+    if not agree:
+        warnings.warn(
+            f"zkl: on this device the GEMM's bits follow its tile at K={depth}, N={width} "
+            f"({dtype}); that shape keeps one tile for every batch size (slower, still exact)",
+            stacklevel=3,
+        )
+    _AGREES[key] = agree
+    return agree
+
+
+def gemm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: Config | None = None,
+) -> torch.Tensor:
+    """x [M, K] @ weight [N, K].T (+ bias [N]) -> [M, N] in x's dtype, fp32 accumulation.
+
+    `config` overrides the tile (the bench times candidates and checks their bits against
+    `fixed_config`'s); the model path never passes one.
+    """
+    if x.dtype != weight.dtype:
+        raise TypeError(f"gemm needs one dtype, got {x.dtype} and {weight.dtype}")
+    num_rows, depth = x.shape
+    width = weight.shape[0]
+    if config is None:
+        fast = tiles_agree(depth, width, x.dtype, x.device)
+        config = (
+            config_for(num_rows, depth, width, x.dtype)
+            if fast
+            else fixed_config(depth, width, x.dtype)
+        )
+    return _product(x, weight, bias, config, tma=True)
 
 
 class _Linear(torch.autograd.Function):

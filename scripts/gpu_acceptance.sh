@@ -111,8 +111,10 @@ remaining)  # what 2026-12-03 left for issues 11-13, about 6 minutes; then scrip
   MEG="engine=megatron_local device=cuda cert.models=[tiny_moe] cert.layouts=[dedicated]"
   W=/tmp/remaining; mkdir -p $W
   ( log pytest; timeout 330 python3 -m pytest -m gpu -q -rfE tests 2>&1 | tail -40 ) > $W/A.log 2>&1 &
-  ( cert /tmp/n2 $BNH cert.precisions=[bf16,mxfp8] cert.kv=[recompute,persist] cert.steps=10
+  ( cert /tmp/n2 $BNH cert.precisions=[bf16] cert.kv=[recompute,persist] cert.steps=10
   ) > $W/N.log 2>&1 &
+  ( cert /tmp/n3 $BNH cert.precisions=[mxfp8] cert.kv=[recompute,persist] cert.steps=10
+  ) > $W/N3.log 2>&1 &
   ( log bench; timeout 150 python3 -m zkl.bench $Q device=cuda model=tiny_hybrid hydra.run.dir=/tmp/hb
     cert /tmp/m1 $MEG cert.steps=10
     cert /tmp/d2 $B15 cert.precisions=[bf16,mxfp8] cert.kv=[recompute,persist] zero_train_gen_mismatch=false

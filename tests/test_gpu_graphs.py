@@ -104,5 +104,6 @@ def test_graphs_refused_or_skipped_where_decode_syncs():
     moe = _model("tiny_moe")
     with pytest.raises(ValueError, match="engine.cuda_graphs=on"):
         GenerationEngine(moe, max_batch_size=4, eos_id=1, cuda_graphs="on")
-    assert GenerationEngine(moe, max_batch_size=4, eos_id=1).decoder is None  # auto: eager
-    assert GenerationEngine(_model(), max_batch_size=4, eos_id=1).decoder is not None
+    auto = {"max_batch_size": 4, "eos_id": 1, "cuda_graphs": "auto"}
+    assert GenerationEngine(moe, **auto).decoder is None  # auto: eager where decode syncs
+    assert GenerationEngine(_model(), **auto).decoder is not None

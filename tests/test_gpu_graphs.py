@@ -50,6 +50,7 @@ def test_graphs_equal_eager_and_scoring_any_schedule(top_k):
         lp_train = score(model, [c.prompt for c in expected], [c.tokens for c in expected])
         for c, lp in zip(expected, lp_train):
             assert torch.equal(c.logprobs, lp)
+        padding = 0
         for batch, chunk, sync in ((1, 0, 1), (5, 7, 3), (16, 0, 8), (23, 16, 4)):
             engine = GenerationEngine(
                 model,
@@ -62,8 +63,9 @@ def test_graphs_equal_eager_and_scoring_any_schedule(top_k):
             _same(expected, engine.generate(requests))
             _same(expected, engine.generate(requests))  # replayed, not recaptured
             assert engine.decoder.captures == 1
-            if batch > 1:
-                assert engine.decoder.padding_rows > 0
+            padding += engine.decoder.padding_rows
+        # whether a schedule pads depends on when rows finish (batch 5 may never); some must
+        assert padding > 0
 
 
 @pytest.mark.parametrize("quant", ["none", "mxfp8"])

@@ -40,6 +40,8 @@ FP32 = (32, 64, 32, 4, 2)  # IEEE fp32 (the router, fixed): no TF32
 SMALL_16 = (64, 128, 64, 4, 3)
 LARGE_16 = (128, 256, 64, 8, 3)
 LARGE_MIN = 1024
+DECODE_ROWS = 64  # up to this M: one row tile (decode batches)
+MID_ROWS = 512  # up to this M: mid tiles (large decode batches, short prefill chunks)
 GROUP_M = 8
 PROBE_ROWS = 192  # rows of the first-use check: a partial row tile at every BLOCK_M
 PROBE_COLS = 512  # weight rows it needs: a column's bits do not depend on N
@@ -59,15 +61,16 @@ def config_for(rows: int, depth: int, width: int, dtype: torch.dtype) -> Config:
     if dtype == torch.float32:
         return FP32
     fixed_config(depth, width, dtype)  # the dtype check
-    if rows <= 64:
+    if rows <= DECODE_ROWS:
         return DECODE_NARROW if width <= 4096 else DECODE_MID if width <= 16384 else DECODE_WIDE
-    if rows <= 512:
+    if rows <= MID_ROWS:
         return DECODE_MID if width <= 4096 else MID_WIDE
     return TRAIN
 
 
 def _candidates(depth: int, width: int, dtype: torch.dtype) -> set[Config]:
-    return {config_for(rows, depth, width, dtype) for rows in (1, 65, 513)}
+    """Every tile `config_for` can give this (K, N): one M from each band."""
+    return {config_for(rows, depth, width, dtype) for rows in (1, DECODE_ROWS + 1, MID_ROWS + 1)}
 
 
 @triton.jit

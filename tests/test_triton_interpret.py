@@ -198,3 +198,4 @@ def test_fused_gumbel_argmax_is_the_torch_sampler():
         [fast.gumbel_argmax(scores, rng.key(torch.tensor([s]), 0).expand(4)) for s in range(20)]
     )
     assert torch.equal(many, reference) and many[:, 0].unique().numel() > 1
+    assert sampling.gumbel_argmax(scores[:0], keys[:0]).shape == (0,)

@@ -291,7 +291,7 @@ def _launch(x, weight, bias, out, config: Config, tma: bool) -> None:
 
 def _product(x, weight, bias, config: Config, tma: bool) -> torch.Tensor:
     out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
-    if x.shape[0]:
+    if x.shape[0] and weight.shape[0]:
         _launch(x, weight, bias, out, config, tma and _tma_ok(x, weight, out))
     return out
 

@@ -76,6 +76,8 @@ def _gumbel_argmax_kernel(
 def gumbel_argmax(scores: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """argmax(scores [B, V] + Gumbel noise of `keys` [B]) -> int64 [B], in one fused pass."""
     batch, vocab = scores.shape
+    if batch == 0:
+        return torch.empty(0, dtype=torch.int64, device=scores.device)
     if scores.stride(-1) != 1:
         scores = scores.contiguous()
     keys = keys.to(torch.int64).contiguous()  # read as keys[row]: a broadcast view is not

@@ -262,6 +262,12 @@ class StopSignals:
         handler = self.previous.get(sig)
         self.__exit__()
         if callable(handler):
+            if self.preempted:
+                # submitit's handler requeues the job, and Slurm then SIGTERMs this process at
+                # once: ignored, so the handler's own exit ends it. Killed by that SIGTERM
+                # instead, the attempt was seen as FAILED in a race with the requeue, and the
+                # launcher gave the run up.
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
             handler(sig, None)
         raise SystemExit(128 + sig)
 

@@ -173,7 +173,10 @@ def long_jobs(tmp_path_factory):
     the uninterrupted run of the same config in this process."""
     root = tmp_path_factory.mktemp("long")
     requeued = Sweep(root / "requeued", *LONG, wandb="offline", requeue_at=8)
-    limit = ["hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=59"]
+    # USR2 45 s before the 1-minute limit: at least 15 s in, past the interpreter's start (a
+    # signal before submitit's handler exists kills the attempt), and a slurmctld tick (~30 s)
+    # always falls in the 45 s window before the limit.
+    limit = ["hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=45"]
     timed = Sweep(root / "timed", *LONG, *limit, "hydra.launcher.max_num_timeout=20")
     run(make_cfg(*LONG), root / "reference")
     reference = _without_timing(_rows(root / "reference" / "metrics.jsonl"))

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from zkl import ops, rng
+from zkl import ops
 from zkl.generation.graphs import (
     GRAPH_SETTINGS,
     BucketedDecode,
@@ -30,7 +30,7 @@ from zkl.generation.graphs import (
 from zkl.generation.kv_cache import KVCache
 from zkl.generation.mamba_cache import HybridCache
 from zkl.generation.prefix_cache import BLOCK, PrefixCache
-from zkl.generation.sampling import SamplingParams, processed_logits
+from zkl.generation.sampling import SamplingParams, gumbel_max, processed_logits
 from zkl.invariance import FIXES, is_enabled
 from zkl.precision import weight_cache
 
@@ -433,9 +433,7 @@ class GenerationEngine:
             state.top_k[rows] if top_k_any else None,
             state.top_p[rows] if top_p_any else None,
         )
-        next_tokens = ops.gumbel_argmax(
-            scores, rng.key(state.seed[rows], count, device=scores.device)
-        )
+        next_tokens = gumbel_max(scores, state.seed[rows], count)
         if is_enabled("logprob_path"):
             logprobs = ops.token_logprobs(logits, next_tokens, temps.unsqueeze(-1))
         else:  # what a fast engine reports: processed logits, log-softmax in the model dtype

@@ -53,9 +53,10 @@ def processed_logits(
     return out.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
 
 
-def gumbel_noise(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Gumbel(0, 1) noise [B, V] keyed by each row's (seed, token index) and the vocab id."""
-    return rng.gumbel(rng.key(seeds, counters, device=seeds.device), vocab)
+def gumbel_max(scores: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """argmax of processed scores [B, V] + Gumbel noise keyed by each row's (seed, token
+    index) and the vocab id: the next token [B] (int64)."""
+    return ops.gumbel_argmax(scores, rng.key(seeds, counters, device=scores.device))
 
 
 def sample(
@@ -67,5 +68,4 @@ def sample(
     top_p: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Next token [B] (int64, on the logits' device) of every row: Gumbel-max sampling."""
-    scores = processed_logits(logits, temperature, top_k, top_p)
-    return ops.gumbel_argmax(scores, rng.key(seeds, counters, device=seeds.device))
+    return gumbel_max(processed_logits(logits, temperature, top_k, top_p), seeds, counters)

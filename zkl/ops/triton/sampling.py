@@ -1,13 +1,14 @@
 """Gumbel-max sampling in one pass over the scores: hash, noise, add and argmax fused.
 
-Why: `zkl.generation.sampling.gumbel_noise` builds the noise of a [B, V] batch in some forty
-int64 tensor passes (the 32-bit hash emulated without overflow), about 8 GB of traffic a
-decode step at batch 64 on a 152k vocab, more than the model's weights. Here each element's
-hash is computed in registers with wrapping uint32 arithmetic (the same bits as
-`zkl.rng.bits`), turned into the same fp32 uniform, and the noisy score is reduced to its
-first argmax on the fly. Each row's result depends only on its own scores and keys. The
-two logs are Triton's, so a draw may differ from the torch path's in a near tie (the GPU
-test checks they agree on a full-vocab batch); every run of this kernel agrees with itself.
+Why: in torch ops (`zkl.ops.fast.gumbel_argmax` over `zkl.rng.gumbel`) the noise of a
+[B, V] batch takes some forty int64 tensor passes (the 32-bit hash emulated without
+overflow), about 8 GB of traffic a decode step at batch 64 on a 152k vocab, more than the
+model's weights. Here each element's hash is computed in registers with wrapping uint32
+arithmetic (the same bits as `zkl.rng.bits`), turned into the same fp32 uniform, and the
+noisy score is reduced to its first argmax on the fly. Each row's result depends only on
+its own scores and keys. The two logs are Triton's, so a draw may differ from the torch
+path's in a near tie (the GPU test checks they agree on a full-vocab batch); every run of
+this kernel agrees with itself.
 
 The vocab is cut in `SPLITS` fixed parts per row (a function of V only), each part's first
 maximum is kept, and the earliest part holding the row's maximum wins: `torch.argmax`'s

@@ -3,57 +3,39 @@ the fixed tile's bits. Writes one JSON line per (shape, variant) to argv[1].
 
 Variants: `ptr` (zkl's kernel, pointer loads) over many tiles; `tma` (TMA descriptor loads,
 one tile per program); `tma_persist` (TMA, persistent over tiles); `splitk<S>` (K cut in S
-fixed parts, summed in order: other bits, timed to know the price). Every time is the mean
-of 10 calls replayed from one CUDA graph, so small decode GEMMs are not launch-bound.
+fixed parts, summed in order: other bits, timed to know the price). Every time is 10 calls
+replayed from one CUDA graph (`zkl.bench_cuda.graph_time`), so small decode GEMMs are not
+launch-bound. The 2026-12-03 data (docs/benchmarks.md) came from this script's first form,
+which had its own copies of the TMA kernels and timed the mean of 3 replays; the kernels
+and tiles are the same.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-import time
 
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from zkl.ops.triton.gemm import config_for, gemm
+from zkl import bench_cuda
+from zkl.ops.triton.gemm import (
+    GROUP_M,
+    _gemm_tma_kernel,
+    _gemm_tma_persistent_kernel,
+    _tile_coords,
+    _tma_tile,
+    fixed_config,
+    gemm,
+)
 
 SMS = torch.cuda.get_device_properties(0).multi_processor_count
 
 
 @triton.jit(do_not_specialize=["M"])
-def _tma_kernel(
-    x_desc,
-    w_desc,
-    o_desc,
-    M,
-    N,
-    K,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    BK: tl.constexpr,
-    GROUP: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BM)
-    num_n = tl.cdiv(N, BN)
-    per_group = GROUP * num_n
-    first_m = (pid // per_group) * GROUP
-    rows = tl.minimum(num_m - first_m, GROUP)
-    pid_m = first_m + (pid % per_group) % rows
-    pid_n = (pid % per_group) // rows
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BK)):
-        a = x_desc.load([pid_m * BM, k * BK])
-        b = w_desc.load([pid_n * BN, k * BK])
-        acc = tl.dot(a, b.T, acc)
-    o_desc.store([pid_m * BM, pid_n * BN], acc.to(o_desc.dtype))
-
-
-@triton.jit(do_not_specialize=["M"])
-def _tma_persist_kernel(
+def _tma_ws_kernel(
     x_desc,
     w_desc,
     o_desc,
@@ -65,24 +47,12 @@ def _tma_persist_kernel(
     BK: tl.constexpr,
     GROUP: tl.constexpr,
     NUM_SMS: tl.constexpr,
-    WS: tl.constexpr,
 ):
-    start = tl.program_id(0)
-    num_m = tl.cdiv(M, BM)
-    num_n = tl.cdiv(N, BN)
-    k_tiles = tl.cdiv(K, BK)
-    per_group = GROUP * num_n
-    for tile in tl.range(start, num_m * num_n, NUM_SMS, flatten=True, warp_specialize=WS):
-        first_m = (tile // per_group) * GROUP
-        rows = tl.minimum(num_m - first_m, GROUP)
-        pid_m = first_m + (tile % per_group) % rows
-        pid_n = (tile % per_group) // rows
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for k in range(k_tiles):
-            a = x_desc.load([pid_m * BM, k * BK])
-            b = w_desc.load([pid_n * BN, k * BK])
-            acc = tl.dot(a, b.T, acc)
-        o_desc.store([pid_m * BM, pid_n * BN], acc.to(o_desc.dtype))
+    """zkl's persistent TMA kernel with its tile loop warp-specialized (zkl's does not)."""
+    num_tiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
+    for tile in tl.range(tl.program_id(0), num_tiles, NUM_SMS, flatten=True, warp_specialize=True):
+        pid_m, pid_n = _tile_coords(tile, M, N, BM, BN, GROUP)
+        _tma_tile(x_desc, w_desc, o_desc, x_desc, pid_m, pid_n, N, K, False, BM, BN, BK)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -124,35 +94,39 @@ def _sum_parts_kernel(p_ptr, o_ptr, MN, PARTS: tl.constexpr, BLOCK: tl.constexpr
 
 
 def tma(x, w, cfg, persist=False, ws=False):
+    """TMA loads: zkl's own kernels (`persist` picks the persistent one, as zkl does for
+    BLOCK_M >= 128), or the warp-specialized variant above."""
     bm, bn, bk, warps, stages = cfg
     m, k = x.shape
     n = w.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    xd = TensorDescriptor.from_tensor(x, [bm, bk])
-    wd = TensorDescriptor.from_tensor(w, [bn, bk])
-    od = TensorDescriptor.from_tensor(out, [bm, bn])
+    descs = (
+        TensorDescriptor.from_tensor(x, [bm, bk]),
+        TensorDescriptor.from_tensor(w, [bn, bk]),
+        TensorDescriptor.from_tensor(out, [bm, bn]),
+    )
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    if persist:
-        _tma_persist_kernel[(min(SMS, tiles),)](
-            xd,
-            wd,
-            od,
+    launch = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=GROUP_M, num_warps=warps)
+    if ws:
+        _tma_ws_kernel[(min(SMS, tiles),)](
+            *descs,
             m,
             n,
             k,
             BM=bm,
             BN=bn,
             BK=bk,
-            GROUP=8,
+            GROUP=GROUP_M,
             NUM_SMS=SMS,
-            WS=ws,
             num_warps=warps,
             num_stages=stages,
         )
-    else:
-        _tma_kernel[(tiles,)](
-            xd, wd, od, m, n, k, BM=bm, BN=bn, BK=bk, GROUP=8, num_warps=warps, num_stages=stages
+    elif persist:
+        _gemm_tma_persistent_kernel[(min(SMS, tiles),)](
+            *descs, x, m, n, k, HAS_BIAS=False, NUM_SMS=SMS, num_stages=stages, **launch
         )
+    else:
+        _gemm_tma_kernel[(tiles,)](*descs, x, m, n, k, HAS_BIAS=False, num_stages=stages, **launch)
     return out
 
 
@@ -170,22 +144,9 @@ def splitk(x, w, cfg, parts):
     return out
 
 
-def graph_time(fn, calls=10) -> float:
-    """Seconds per call: `calls` calls captured in one graph, replayed 3 times."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / (3 * calls)
+def graph_time(fn) -> float:
+    """Seconds per call: 10 calls captured in one CUDA graph, median of 3 replays."""
+    return bench_cuda.graph_time(fn, calls=10, replays=3)
 
 
 PTR = [
@@ -242,7 +203,8 @@ def explore(label: str, m: int, k: int, n: int, log) -> None:
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
     w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
-    ref = gemm(x, w)
+    fixed = fixed_config(k, n, torch.bfloat16)
+    ref = gemm(x, w, config=fixed)
     cublas = graph_time(lambda: torch.mm(x, w.t()))
     row = {
         "shape": label,
@@ -250,7 +212,7 @@ def explore(label: str, m: int, k: int, n: int, log) -> None:
         "k": k,
         "n": n,
         "cublas_us": cublas * 1e6,
-        "fixed": "x".join(map(str, config_for(k, n, torch.bfloat16))),
+        "fixed": "x".join(map(str, fixed)),
         "cublas_bitwise": torch.equal(torch.mm(x, w.t()), ref),
         "weight_gbs": n * k * 2 / cublas / 1e9,
     }

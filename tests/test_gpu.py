@@ -11,7 +11,7 @@ import torch
 import yaml
 from conftest import SMALL, make_cfg
 
-from zkl import invariance, rng
+from zkl import invariance
 from zkl.config import CONF_DIR
 from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.sampling import SamplingParams, sample
@@ -192,8 +192,11 @@ def test_sampling_on_device_is_row_independent_and_matches_cpu():
     on_cpu = sample(logits.cpu(), seeds.cpu(), counters.cpu(), temps.cpu())
     assert (on_cpu == full.cpu()).float().mean().item() >= 0.98
     # the fused Triton pass (what `sample` runs on CUDA) against the torch ops on the GPU
-    unfused = fast.gumbel_argmax(logits / temps.unsqueeze(-1), rng.key(seeds, counters, device=DEV))
+    unfused = fast.gumbel_argmax(logits / temps.unsqueeze(-1), seeds, counters)
     assert (unfused == full).float().mean().item() >= 0.98
+    # the temperature divided inside the pass: the processed scores' tokens, bitwise
+    divided = cuda.gumbel_argmax(logits.to(torch.bfloat16), seeds, counters, temps)
+    assert torch.equal(divided, sample(logits.to(torch.bfloat16), seeds, counters, temps))
 
 
 def test_seeded_init_is_identical_on_cpu_and_gpu():

@@ -112,6 +112,7 @@ def test_gemm_tiles_follow_m_and_the_fixed_tile_follows_the_weight_only():
     assert gemm.fixed_config(8960, 1536, torch.float32) == gemm.FP32
     bf16 = torch.bfloat16
     assert gemm.config_for(1, 1536, 2048, bf16) == gemm.DECODE_NARROW
+    assert gemm.config_for(64, 8960, 1536, bf16) == gemm.DECODE_SLIM
     assert gemm.config_for(64, 1536, 8960, bf16) == gemm.DECODE_MID
     assert gemm.config_for(64, 1536, 151936, bf16) == gemm.DECODE_WIDE
     assert gemm.config_for(256, 8960, 1536, bf16) == gemm.DECODE_MID
@@ -131,7 +132,14 @@ def test_every_tile_and_form_computes_the_product():
     w = (torch.randn(200, 264, generator=g) * 0.05).to(torch.float16)
     bias = torch.randn(200, generator=g).to(torch.float16)
     ref = (x.float() @ w.float().t() + bias.float()).to(torch.float16).float()
-    configs = (gemm.DECODE_NARROW, gemm.DECODE_WIDE, gemm.MID_WIDE, gemm.TRAIN, gemm.SMALL_16)
+    configs = (
+        gemm.DECODE_SLIM,
+        gemm.DECODE_NARROW,
+        gemm.DECODE_WIDE,
+        gemm.MID_WIDE,
+        gemm.TRAIN,
+        gemm.SMALL_16,
+    )
     for config in configs:
         for tma in (False, True):
             got = gemm._product(x, w, bias, config, tma).float()
@@ -148,7 +156,7 @@ def test_tiles_disagreeing_on_a_device_pin_one_tile(monkeypatch):
     def product(x, w, bias, config, tma):
         calls.append(config)
         out = real(x, w, bias, config, tma)
-        return out + 1 if config == gemm.DECODE_NARROW else out  # this tile "differs"
+        return out + 1 if config == gemm.DECODE_SLIM else out  # this tile "differs"
 
     monkeypatch.setattr(gemm, "_product", product)
     monkeypatch.setattr(gemm, "_AGREES", {})
@@ -160,7 +168,7 @@ def test_tiles_disagreeing_on_a_device_pin_one_tile(monkeypatch):
     assert not gemm.tiles_agree(72, 40, torch.float16, x.device)
     monkeypatch.setattr(gemm, "_AGREES", {(72, 40, torch.float16, "cpu"): True})
     gemm.gemm(x, w)
-    assert calls[-1] == gemm.DECODE_NARROW
+    assert calls[-1] == gemm.DECODE_SLIM
 
 
 def test_gemm_tile_override_computes_the_same_product():
@@ -178,24 +186,27 @@ def test_gemm_tile_override_computes_the_same_product():
 
 
 def test_fused_gumbel_argmax_is_the_torch_sampler():
-    """The fused hash-noise-argmax pass picks torch's token: ragged vocab (no part or block
-    divides it), rows split across parts, first-index ties (+inf twice) and an all -inf row."""
-    from zkl import rng
+    """The fused key-hash-noise-argmax pass picks torch's token: ragged vocab (no part or
+    block divides it), rows split across parts, first-index ties (+inf twice), an all -inf
+    row, seeds past 2^32 (the key's high word), and the temperature divided in the pass."""
     from zkl.ops.triton import sampling
 
     vocab = 3 * sampling.BLOCK + 77
     scores = torch.randn(4, vocab, generator=torch.Generator().manual_seed(0)) * 3
     scores[1, [1500, 2100, vocab - 1]] = float("inf")
     scores[2] = float("-inf")
-    keys = rng.key(torch.tensor([0, 1, 2, 2**40]), torch.tensor([0, 5, 9, 1]))
-    fused = sampling.gumbel_argmax(scores, keys)
-    assert torch.equal(fused, fast.gumbel_argmax(scores, keys))
+    seeds, counters = torch.tensor([0, 1, 2, 2**40 + 3]), torch.tensor([0, 5, 2**33, 1])
+    fused = sampling.gumbel_argmax(scores, seeds, counters)
+    assert torch.equal(fused, fast.gumbel_argmax(scores, seeds, counters))
     assert fused.tolist()[1:3] == [1500, 0]
-    many = torch.stack(
-        [sampling.gumbel_argmax(scores, rng.key(torch.tensor([s]), 0).expand(4)) for s in range(20)]
+    temps = torch.tensor([0.7, 1.0, 1.3, 0.01])
+    logits = scores.to(torch.float16)  # the raw logits, divided in fp32 inside the pass
+    assert torch.equal(
+        sampling.gumbel_argmax(logits, seeds, counters, temps),
+        fast.gumbel_argmax(logits, seeds, counters, temps),
     )
-    reference = torch.stack(
-        [fast.gumbel_argmax(scores, rng.key(torch.tensor([s]), 0).expand(4)) for s in range(20)]
-    )
+    zero = torch.zeros(4, dtype=torch.int64)
+    many = torch.stack([sampling.gumbel_argmax(scores, seeds * 0 + s, zero) for s in range(20)])
+    reference = torch.stack([fast.gumbel_argmax(scores, seeds * 0 + s, zero) for s in range(20)])
     assert torch.equal(many, reference) and many[:, 0].unique().numel() > 1
-    assert sampling.gumbel_argmax(scores[:0], keys[:0]).shape == (0,)
+    assert sampling.gumbel_argmax(scores[:0], seeds[:0], zero[:0]).shape == (0,)

@@ -32,6 +32,7 @@ from zkl.generation.mamba_cache import HybridCache
 from zkl.generation.prefix_cache import BLOCK, PrefixCache
 from zkl.generation.sampling import SamplingParams, gumbel_max, processed_logits
 from zkl.invariance import FIXES, is_enabled
+from zkl.models.stacking import stack_projections
 from zkl.precision import weight_cache
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,14 @@ class GenerationEngine:
         self.stats = EngineStats()
         self.decoder = self._graph_decoder(cuda_graphs)
         self._static: tuple | None = None  # (cache, state) the graphs read, kept across calls
+        self._stack_projections()
+
+    def _stack_projections(self) -> None:
+        """On CUDA, q/k/v and gate/up run as one GEMM each (`zkl.models.stacking`). Checked at
+        every generate call: a parameter replaced since (not written in place) is re-stacked,
+        and the graphs, keyed by parameter addresses, are recaptured."""
+        if self.device.type == "cuda":
+            stack_projections(self.model)
 
     def _graph_decoder(self, setting: str) -> BucketedDecode | None:
         """`engine.cuda_graphs`: auto = on where the model's decode can be captured."""
@@ -187,6 +196,7 @@ class GenerationEngine:
         """Run every request to EOS or its limit; completions come back in request order."""
         self.stats = EngineStats()
         device = self.device
+        self._stack_projections()
         max_new = max(r.params.max_new_tokens for r in requests)
         max_len = max(len(r.prompt) for r in requests) + max_new
         if self.decoder is None:
@@ -427,29 +437,20 @@ class GenerationEngine:
         top_k_any, top_p_any = self._filters
         count = state.count[rows]
         temps = state.temperature[rows]
-        scores = processed_logits(
-            logits,
-            temps,
-            state.top_k[rows] if top_k_any else None,
-            state.top_p[rows] if top_p_any else None,
-        )
-        next_tokens = gumbel_max(scores, state.seed[rows], count)
-        if is_enabled("logprob_path"):
+        raw_logprobs = is_enabled("logprob_path")
+        if raw_logprobs and not (top_k_any or top_p_any):  # the sampler divides, in one pass
+            next_tokens = gumbel_max(logits, state.seed[rows], count, temperature=temps)
+        else:
+            scores = processed_logits(
+                logits,
+                temps,
+                state.top_k[rows] if top_k_any else None,
+                state.top_p[rows] if top_p_any else None,
+            )
+            next_tokens = gumbel_max(scores, state.seed[rows], count)
+        if raw_logprobs:
             logprobs = ops.token_logprobs(logits, next_tokens, temps.unsqueeze(-1))
         else:  # what a fast engine reports: processed logits, log-softmax in the model dtype
             logp = torch.log_softmax(scores.to(logits.dtype), dim=-1)
             logprobs = logp.gather(-1, next_tokens.unsqueeze(-1)).squeeze(-1).float()
-        live = ~state.done[rows]
-        column = count.clamp(max=state.out_tokens.shape[1] - 1)
-        old_tokens = state.out_tokens[rows, column]
-        old_logprobs = state.out_logprobs[rows, column]
-        state.out_tokens[rows, column] = torch.where(live, next_tokens, old_tokens)
-        state.out_logprobs[rows, column] = torch.where(live, logprobs, old_logprobs)
-        count = count + live.long()
-        finished = count >= state.max_new[rows]
-        if self.eos_id is not None:
-            finished |= next_tokens == self.eos_id
-        state.count[rows] = count
-        state.token[rows] = torch.where(live, next_tokens, state.token[rows])
-        state.pos[rows] = state.pos[rows] + live.long()
-        state.done[rows] = state.done[rows] | (live & finished)
+        ops.commit_samples(state, rows, next_tokens, logprobs, self.eos_id)

@@ -39,6 +39,10 @@ class KVCache:
         self.v[layer, rows, :, positions] = v.transpose(1, 2).to(self.v.dtype)
         return self.k[layer], self.v[layer]
 
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's K, V buffers [S, Hkv, max_len, D] (a fused RoPE writes them in place)."""
+        return self.k[layer], self.v[layer]
+
     def clear_slot(self, slot: int) -> None:
         """A new request takes `slot`; stale K/V need no clearing (attention masks them)."""
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from zkl import ops, rng
+from zkl import ops
 
 
 @dataclass(frozen=True)
@@ -53,10 +53,17 @@ def processed_logits(
     return out.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
 
 
-def gumbel_max(scores: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+def gumbel_max(
+    scores: torch.Tensor,
+    seeds: torch.Tensor,
+    counters: torch.Tensor,
+    temperature: torch.Tensor | None = None,
+) -> torch.Tensor:
     """argmax of processed scores [B, V] + Gumbel noise keyed by each row's (seed, token
-    index) and the vocab id: the next token [B] (int64)."""
-    return ops.gumbel_argmax(scores, rng.key(seeds, counters, device=scores.device))
+    index) and the vocab id: the next token [B] (int64). With `temperature`, `scores` are
+    the raw logits of unfiltered rows, divided as `processed_logits` would (same bits)."""
+    device = scores.device
+    return ops.gumbel_argmax(scores, seeds.to(device), counters.to(device), temperature)
 
 
 def sample(

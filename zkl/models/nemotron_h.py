@@ -19,10 +19,6 @@ from zkl.models.mamba2 import Mamba2Mixer, sigmoid
 from zkl.models.transformer import Attention, Linear, RMSNorm, SparseMoE, init_weights
 
 
-def no_rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    return x
-
-
 class ReluSquaredMLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
@@ -112,7 +108,7 @@ class HybridLayer(nn.Module):
         if self.kind == "mamba":
             return x + self.mixer(h, positions, cache, slots)
         if self.kind == "attention":
-            return x + self.mixer(h, positions, no_rope, cache, slots)
+            return x + self.mixer(h, positions, None, cache, slots)
         return x + self.mixer(h)
 
 

@@ -13,6 +13,7 @@ from torch import nn
 from zkl import ops, rng
 from zkl.invariance import is_enabled
 from zkl.models.config import ModelConfig
+from zkl.models.stacking import stacked_linear
 from zkl.precision import linear_weight_and_input
 
 
@@ -39,6 +40,14 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.rms_norm(x, self.weight, self.eps)
 
+    def add_forward(
+        self, x: torch.Tensor, delta: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, norm(x + delta)): a pre-norm block's residual add and its next norm."""
+        if delta is None:
+            return x, self(x)
+        return ops.add_rms_norm(x, delta, self.weight, self.eps)
+
 
 class RotaryEmbedding(nn.Module):
     """cos/sin tables built once for every position, so a position's angles never vary."""
@@ -55,7 +64,7 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x [B, H, T, D], positions [B, T]."""
+        """x [B, H, T, D], positions [B, T] (megatron's layout; zkl's models call `ops.rotary`)."""
         cos = self.cos[positions].unsqueeze(1)  # [B, 1, T, D]
         sin = self.sin[positions].unsqueeze(1)
         xf = x.float()
@@ -79,19 +88,32 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
     def forward(self, x, positions, rope, cache=None, slots=None) -> torch.Tensor:
+        """x [B, T, hidden]; `rope` holds the rotary tables (None: no positional encoding)."""
         batch, seq, _ = x.shape
-        q = self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
+        heads = (self.num_heads, self.num_kv_heads, self.num_kv_heads)
+        projected = stacked_linear(x, (self.q_proj, self.k_proj, self.v_proj))
+        if projected is None:
+            projected = (self.q_proj(x), self.k_proj(x), self.v_proj(x))
+        q, k, v = (t.view(batch, seq, h, self.head_dim) for t, h in zip(projected, heads))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
-        q, k = rope(q, positions), rope(k, positions)
         kv_rows = None
         if cache is not None:  # K/V go to the cache first; attention reads the rows' slots
-            k, v = cache.update(self.layer, slots, positions, k, v)  # [S, Hkv, max_len, D]
             kv_rows = slots
-        out = ops.attention(q, k, v, positions, kv_rows)  # [B, H, T, D]
+            if rope is not None:
+                q = ops.rotary_into_cache(
+                    q, k, v, rope.cos, rope.sin, positions, *cache.layer(self.layer), slots
+                )
+                k, v = cache.layer(self.layer)  # [S, Hkv, max_len, D]
+            else:
+                k, v = cache.update(
+                    self.layer, slots, positions, k.transpose(1, 2), v.transpose(1, 2)
+                )
+        else:
+            if rope is not None:
+                q, k = ops.rotary(q, k, rope.cos, rope.sin, positions)
+            k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, Hkv, T, D]
+        out = ops.attention(q.transpose(1, 2), k, v, positions, kv_rows)  # [B, H, T, D]
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
@@ -103,7 +125,9 @@ class MLP(nn.Module):
         self.down_proj = Linear(intermediate, hidden, False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        projected = stacked_linear(x, (self.gate_proj, self.up_proj))
+        gate, up = projected if projected is not None else (self.gate_proj(x), self.up_proj(x))
+        return self.down_proj(ops.silu_mul(gate, up))
 
 
 class SparseMoE(nn.Module):
@@ -223,9 +247,13 @@ class Block(nn.Module):
             else MLP(cfg.hidden_size, cfg.intermediate_size)
         )
 
-    def forward(self, x, positions, rope, cache=None, slots=None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, rope, cache, slots)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, delta, positions, rope, cache=None, slots=None):
+        """(residual stream x, the last sub-layer's output `delta` not yet added to it) -> the
+        pair one layer on: each add runs fused with the norm after it."""
+        x, h = self.input_layernorm.add_forward(x, delta)
+        delta = self.self_attn(h, positions, rope, cache, slots)
+        x, h = self.post_attention_layernorm.add_forward(x, delta)
+        return x, self.mlp(h)
 
 
 class Transformer(nn.Module):
@@ -254,12 +282,13 @@ class Transformer(nn.Module):
         attention reads every cached key of the row; without it (train path), the row's
         own tokens are its keys and positions must be 0..T-1.
         """
-        x = self.embed_tokens(tokens)
+        x, delta = self.embed_tokens(tokens), None
         for block in self.layers:
-            x = block(x, positions, self.rope, cache, slots)
+            x, delta = block(x, delta, positions, self.rope, cache, slots)
         if logit_index is not None:
-            x = x[torch.arange(x.shape[0], device=x.device), logit_index]
-        return self.lm_head(self.norm(x))
+            picked = (torch.arange(x.shape[0], device=x.device), logit_index)
+            x, delta = x[picked], None if delta is None else delta[picked]
+        return self.lm_head(self.norm.add_forward(x, delta)[1])
 
 
 INIT_CHUNK = 1 << 24  # elements drawn at a time

@@ -16,10 +16,12 @@ from zkl.invariance import is_enabled
 from zkl.ops import fast, invariant
 
 
+def _cuda() -> ModuleType:
+    return importlib.import_module("zkl.ops.cuda")
+
+
 def _invariant_for(t: torch.Tensor) -> ModuleType:
-    if t.is_cuda:
-        return importlib.import_module("zkl.ops.cuda")
-    return invariant
+    return _cuda() if t.is_cuda else invariant
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -27,9 +29,76 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     return impl.linear(x, weight, bias)
 
 
+def linear_columns_agree(
+    x: torch.Tensor, depth: int, widths: list[int], dtype: torch.dtype
+) -> bool:
+    """Whether one `linear` over weights stacked along N gives each part the bits of its own
+    `linear` (K = depth, parts of N = widths), on x's device, under the active fixes.
+
+    CPU: never claimed (the reference runs each projection alone). CUDA, invariant GEMM: the
+    device is checked (`columns_agree`). CUDA, default: cuBLAS promises nothing either way.
+    """
+    if not x.is_cuda:
+        return False
+    if not is_enabled("batch_invariant_gemm"):
+        return True
+    return _cuda().columns_agree(depth, tuple(widths), dtype, x.device)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     impl = _invariant_for(x) if is_enabled("batch_invariant_reductions") else fast
     return impl.rms_norm(x, weight, eps)
+
+
+def add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, rms_norm(x + delta, weight)): the residual stream and the next layer's input.
+
+    One fused pass where the invariant CUDA norm runs and no gradient is wanted (its bits are
+    the add's then the norm's); elsewhere the add, then `rms_norm`.
+    """
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or delta.requires_grad)
+    if x.is_cuda and is_enabled("batch_invariant_reductions") and not needs_grad:
+        return _cuda().add_rms_norm(x, delta, weight, eps)
+    total = x + delta
+    return total, rms_norm(total, weight, eps)
+
+
+def rotary(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE of q [B, T, Hq, D] and k [B, T, Hkv, D] at positions [B, T]: new [B, T, H, D].
+
+    Not a fix: on CUDA without gradients one fused pass gives the torch form's bits.
+    """
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
+    impl = _cuda() if q.is_cuda and not needs_grad else fast
+    return impl.rotary(q, k, cos, sin, positions)
+
+
+def rotary_into_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor,
+    cache_k: torch.Tensor,
+    cache_v: torch.Tensor,
+    slots: torch.Tensor,
+) -> torch.Tensor:
+    """`rotary`, then rotated k and v written to one layer's cache [S, Hkv, L, D] at row
+    slots[b], position positions[b, t]; returns the rotated q. The gen path's (no grad)."""
+    impl = _cuda() if q.is_cuda else fast
+    return impl.rotary_into_cache(q, k, v, cos, sin, positions, cache_k, cache_v, slots)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up. Not a fix: on CUDA every path runs the one fused Triton pass (its
+    exponential is Triton's), so the train and gen paths share it in every mode."""
+    impl = _cuda() if gate.is_cuda else fast
+    return impl.silu_mul(gate, up)
 
 
 def softmax(x: torch.Tensor) -> torch.Tensor:
@@ -69,12 +138,30 @@ def token_logprobs(
     return fast.token_logprobs(logits, tokens, temperature)
 
 
-def gumbel_argmax(scores: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """Gumbel-max sampling: first argmax of scores [B, V] + `zkl.rng.gumbel(keys [B], V)`.
+def commit_samples(
+    state, rows: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor, eos_id: int | None
+) -> None:
+    """The decode step's bookkeeping, in place on the engine's slot state (`SlotState`):
+    tokens [B] and logprobs [B] of the slots `rows` [B] into their outputs; count, position,
+    next input and done flag updated; finished rows untouched. On CUDA one launch instead of
+    some thirty (integer and copy work: the same bits)."""
+    impl = _cuda() if rows.is_cuda else fast
+    impl.commit_samples(state, rows, tokens, logprobs, eos_id)
+
+
+def gumbel_argmax(
+    scores: torch.Tensor,
+    seeds: torch.Tensor,
+    counters: torch.Tensor,
+    temperature: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Gumbel-max sampling: first argmax of scores [B, V] (divided by `temperature` [B] in
+    fp32 when given) + `zkl.rng.gumbel(zkl.rng.key(seeds, counters), V)`.
 
     Not a fix (every mode samples this way, and a row's draw never reads another row): on
-    CUDA one fused Triton pass replaces the noise's forty int64 passes over [B, V].
+    CUDA one fused Triton pass replaces the noise's forty int64 passes over [B, V], the
+    key's hundred tiny kernels and the temperature's fp32 copy of the logits.
     """
     if scores.is_cuda:
-        return importlib.import_module("zkl.ops.cuda").gumbel_argmax(scores, keys)
-    return fast.gumbel_argmax(scores, keys)
+        return _cuda().gumbel_argmax(scores, seeds, counters, temperature)
+    return fast.gumbel_argmax(scores, seeds, counters, temperature)

@@ -6,8 +6,23 @@ Imported only when a tensor is on a CUDA device, so the CPU path never needs Tri
 from __future__ import annotations
 
 from zkl.ops.triton.attention import attention
-from zkl.ops.triton.gemm import linear
+from zkl.ops.triton.commit import commit_samples
+from zkl.ops.triton.fused import add_rms_norm, rotary, rotary_into_cache, silu_mul
+from zkl.ops.triton.gemm import columns_agree, linear
 from zkl.ops.triton.rowwise import rms_norm, softmax, token_logprobs
 from zkl.ops.triton.sampling import gumbel_argmax
 
-__all__ = ["attention", "gumbel_argmax", "linear", "rms_norm", "softmax", "token_logprobs"]
+__all__ = [
+    "add_rms_norm",
+    "attention",
+    "columns_agree",
+    "commit_samples",
+    "gumbel_argmax",
+    "linear",
+    "rms_norm",
+    "rotary",
+    "rotary_into_cache",
+    "silu_mul",
+    "softmax",
+    "token_logprobs",
+]

@@ -47,8 +47,68 @@ def token_logprobs(
     return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def gumbel_argmax(scores: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+def gumbel_argmax(
+    scores: torch.Tensor,
+    seeds: torch.Tensor,
+    counters: torch.Tensor,
+    temperature: torch.Tensor | None = None,
+) -> torch.Tensor:
+    if temperature is not None:
+        scores = scores.float() / temperature.unsqueeze(-1)
+    keys = rng.key(seeds, counters, device=scores.device)
     return (scores + rng.gumbel(keys, scores.shape[-1])).argmax(dim=-1)
+
+
+def rotary(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE of q [B, T, Hq, D] and k [B, T, Hkv, D] at positions [B, T] (tables [P, D], fp32)."""
+    return rotate(q, cos, sin, positions), rotate(k, cos, sin, positions)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor):
+    """x [B, T, H, D] -> x * cos + rotate_half(x) * sin in fp32, rounded to x's dtype."""
+    cos = cos[positions].unsqueeze(2)  # [B, T, 1, D]
+    sin = sin[positions].unsqueeze(2)
+    xf = x.float()
+    half = xf.shape[-1] // 2
+    rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
+    return (xf * cos + rotated * sin).to(x.dtype)
+
+
+def rotary_into_cache(q, k, v, cos, sin, positions, cache_k, cache_v, slots) -> torch.Tensor:
+    """Rotated q out; rotated k and v into cache_k/v [S, Hkv, L, D] at (slots[b], positions)."""
+    q, k = rotary(q, k, cos, sin, positions)
+    rows = slots.unsqueeze(-1).expand_as(positions)  # [B, T]
+    cache_k[rows, :, positions] = k.to(cache_k.dtype)  # the indexed view is [B, T, Hkv, D]
+    cache_v[rows, :, positions] = v.to(cache_v.dtype)
+    return q
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+def commit_samples(
+    state, rows: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor, eos_id: int | None
+) -> None:
+    """Each row's sampled token and logprob into slot rows[i]'s outputs; its count, position,
+    next input and done flag updated. A finished (done) row's slot is left as it was."""
+    live = ~state.done[rows]
+    count = state.count[rows]
+    column = count.clamp(max=state.out_tokens.shape[1] - 1)
+    old_tokens = state.out_tokens[rows, column]
+    old_logprobs = state.out_logprobs[rows, column]
+    state.out_tokens[rows, column] = torch.where(live, tokens, old_tokens)
+    state.out_logprobs[rows, column] = torch.where(live, logprobs, old_logprobs)
+    count = count + live.long()
+    finished = count >= state.max_new[rows]
+    if eos_id is not None:
+        finished |= tokens == eos_id
+    state.count[rows] = count
+    state.token[rows] = torch.where(live, tokens, state.token[rows])
+    state.pos[rows] = state.pos[rows] + live.long()
+    state.done[rows] = state.done[rows] | (live & finished)
 
 
 def attention(

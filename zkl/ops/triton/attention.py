@@ -1,10 +1,13 @@
 """Causal attention: one kernel for the train forward, chunked prefill and decode.
 
 Each program takes BLOCK_M queries of one (row, head) and walks the keys in blocks of
-BLOCK_N from position 0 with an fp32 online softmax. A query's result depends only on its
-own position and the keys up to it: the key blocks are the same for every caller, a block
-with no key visible to a query leaves that query's state untouched (`tl.where`, not a
-multiply by exp(0)), and masked keys contribute exact zeros. The decode path reads the KV
+BLOCK_N from position 0 with an fp32 online softmax. A decode step (one query a row) packs
+the query heads of one KV head into the program's rows instead, so each KV head is read once:
+a row's result is the same either way, as a tile row's never depends on the other rows.
+A query's result depends only on its own position and the keys up to it: the key blocks
+are the same for every caller, a block with no key visible to a query leaves that query's
+state untouched (`tl.where`, not a multiply by exp(0)), and masked keys contribute exact
+zeros. The decode path reads the KV
 cache in place through `kv_rows` (the cache row of each batch row).
 
 The backward (train path only) is PyTorch's SDPA on the same inputs: gradients are not
@@ -47,11 +50,13 @@ def _attention_kernel(
     s_ot,
     s_pb,
     num_heads,
+    num_kv_heads,
     groups,
     num_q,
     num_keys,
     sm_scale,
     HAS_ROWS: tl.constexpr,
+    PACK_HEADS: tl.constexpr,
     PRECISION: tl.constexpr,  # 'ieee' for fp32 (no TF32), 'tf32' (ignored) for bf16
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -60,20 +65,29 @@ def _attention_kernel(
 ):
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
-    b = (pid_bh // num_heads).to(tl.int64)
-    h = pid_bh % num_heads
+    if PACK_HEADS:  # decode: the rows of a program are the heads of one KV head's group
+        b = (pid_bh // num_kv_heads).to(tl.int64)
+        kv_h = pid_bh % num_kv_heads
+        lane = tl.arange(0, BLOCK_M)
+        heads = kv_h * groups + lane
+        offs_m = lane * 0  # every row is the one query
+        valid_m = lane < groups
+    else:  # the rows are BLOCK_M queries of one head
+        b = (pid_bh // num_heads).to(tl.int64)
+        h = pid_bh % num_heads
+        kv_h = h // groups
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        heads = h + offs_m * 0
+        valid_m = offs_m < num_q
     kv_b = b
     if HAS_ROWS:
         kv_b = tl.load(rows_ptr + b).to(tl.int64)
-    kv_h = h // groups
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    valid_m = offs_m < num_q
     valid_d = offs_d < HEAD_DIM
-    pos = tl.load(pos_ptr + b * s_pb + offs_m, mask=valid_m, other=-1)
+    pos = tl.load(pos_ptr + b * s_pb + offs_m, mask=valid_m, other=-1).to(tl.int32)
     q = tl.load(
-        q_ptr + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :],
+        q_ptr + b * s_qb + heads[:, None] * s_qh + offs_m[:, None] * s_qt + offs_d[None, :],
         mask=valid_m[:, None] & valid_d[None, :],
         other=0.0,
     )
@@ -112,7 +126,7 @@ def _attention_kernel(
         m_i = tl.where(block_any, m_new, m_i)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding queries see no key
     tl.store(
-        out_ptr + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :],
+        out_ptr + b * s_ob + heads[:, None] * s_oh + offs_m[:, None] * s_ot + offs_d[None, :],
         out.to(out_ptr.dtype.element_ty),
         mask=valid_m[:, None] & valid_d[None, :],
     )
@@ -132,12 +146,21 @@ def attention_forward(
     batch, num_heads, num_q, head_dim = q.shape
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         raise ValueError("attention needs a unit stride on the head dim")
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    # [B, T, H, D] in memory, so the output projection reads it without a transpose copy
+    out = torch.empty(batch, num_q, num_heads, head_dim, dtype=q.dtype, device=q.device)
+    out = out.transpose(1, 2)
     if batch == 0 or num_q == 0:
         return out
-    positions = q_pos.to(torch.int32).contiguous()
-    rows = positions if kv_rows is None else kv_rows.to(torch.int32).contiguous()
-    grid = (batch * num_heads, triton.cdiv(num_q, BLOCK_M))
+    # read as they come (int32 or int64): a cast here would be two more kernels a layer
+    positions = q_pos if q_pos.stride(-1) == 1 or num_q == 1 else q_pos.contiguous()
+    rows = positions if kv_rows is None else kv_rows.contiguous()
+    num_kv_heads = k.shape[1]
+    groups = num_heads // num_kv_heads
+    pack = num_q == 1 and groups <= BLOCK_M  # one program per KV head reads it once
+    grid = (
+        batch * (num_kv_heads if pack else num_heads),
+        1 if pack else triton.cdiv(num_q, BLOCK_M),
+    )
     _attention_kernel[grid](
         q,
         k,
@@ -159,11 +182,13 @@ def attention_forward(
         out.stride(2),
         positions.stride(0),
         num_heads,
-        num_heads // k.shape[1],
+        num_kv_heads,
+        groups,
         num_q,
         k.shape[2],
         1.0 / math.sqrt(head_dim),
         HAS_ROWS=kv_rows is not None,
+        PACK_HEADS=pack,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         HEAD_DIM=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
@@ -200,5 +225,6 @@ def attention(
     kv_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     if kv_rows is None and torch.is_grad_enabled() and q.requires_grad:
-        return _Attention.apply(q, k, v, q_pos)
+        # contiguous: the backward's SDPA is slow on the projections' strided views
+        return _Attention.apply(q.contiguous(), k.contiguous(), v.contiguous(), q_pos)
     return attention_forward(q, k, v, q_pos, kv_rows)

@@ -1,8 +1,11 @@
 """Row reductions with one program per row and a fixed block walk: RMSNorm and logprobs.
 
 A row's sum is a `tl.sum` over blocks of a fixed width visited in order, so its bits depend
-on the row alone, never on how many rows the launch has. The backward passes are ordinary
-PyTorch (RMSNorm) or a plain elementwise kernel (logprobs), as gradients are not compared.
+on the row alone, never on how many rows the launch has. The vocab's log-sum-exp cuts the
+row into LOGPROB_PARTS fixed parts (a function of V only) walked in parallel, then folds the
+parts by one fixed tree: one program per row left a decode batch's 64 rows on 64 SMs.
+The backward passes are ordinary PyTorch (RMSNorm) or a plain elementwise kernel
+(logprobs), as gradients are not compared.
 """
 
 from __future__ import annotations
@@ -12,8 +15,18 @@ import triton
 import triton.language as tl
 
 LOGPROB_BLOCK = 4096  # vocab elements per step of the online log-sum-exp
+LOGPROB_PARTS = 8  # fixed parts of a row's vocab, reduced in parallel, folded in one tree
 NORM_WARPS = 4
 LOGPROB_WARPS = 8
+
+
+@triton.jit
+def _rms_normalize(x, w_ptr, cols, mask, dim, eps):
+    """fp32 row x [BLOCK] -> x * rstd * w: the one RMSNorm body (the fused add + norm's too)."""
+    mean_sq = tl.sum(x * x, axis=0) / dim
+    rstd = 1.0 / tl.sqrt(mean_sq + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    return x * rstd * w
 
 
 @triton.jit
@@ -22,10 +35,8 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_out, dim, eps, BLOC
     cols = tl.arange(0, BLOCK)
     mask = cols < dim
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    mean_sq = tl.sum(x * x, axis=0) / dim
-    rstd = 1.0 / tl.sqrt(mean_sq + eps)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_out + cols, (x * rstd * w).to(out_ptr.dtype.element_ty), mask)
+    out = _rms_normalize(x, w_ptr, cols, mask, dim, eps)
+    tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask)
 
 
 def _rms_norm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -81,31 +92,63 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 @triton.jit
-def _logprob_kernel(
+def _logprob_part_kernel(
     logits_ptr,
-    tokens_ptr,
     temp_ptr,
-    out_ptr,
-    lse_ptr,
+    m_ptr,
+    s_ptr,
     inner,
     stride_outer,
     stride_inner,
     vocab,
+    per_part,
+    PARTS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
+    """The online log-sum-exp (max, scaled sum) of one fixed part of one row's vocab."""
     row = tl.program_id(0).to(tl.int64)  # rows * vocab passes 2^31
+    part = tl.program_id(1)
     base = logits_ptr + (row // inner) * stride_outer + (row % inner) * stride_inner
     temp = tl.load(temp_ptr + row)
     cols = tl.arange(0, BLOCK)
     m = tl.max(tl.full((BLOCK,), float("-inf"), tl.float32), axis=0)
     s = tl.sum(tl.zeros((BLOCK,), tl.float32), axis=0)
-    for start in range(0, vocab, BLOCK):
-        mask = start + cols < vocab
+    lo = part * per_part
+    hi = tl.minimum(lo + per_part, vocab)
+    for start in range(lo, hi, BLOCK):
+        mask = start + cols < hi
         x = tl.load(base + start + cols, mask=mask, other=float("-inf")).to(tl.float32) / temp
         m_new = tl.maximum(m, tl.max(x, axis=0))
         s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
         m = m_new
-    lse = m + tl.log(s)
+    tl.store(m_ptr + row * PARTS + part, m)
+    tl.store(s_ptr + row * PARTS + part, s)
+
+
+@triton.jit
+def _logprob_combine_kernel(
+    logits_ptr,
+    tokens_ptr,
+    temp_ptr,
+    m_ptr,
+    s_ptr,
+    out_ptr,
+    lse_ptr,
+    inner,
+    stride_outer,
+    stride_inner,
+    PARTS: tl.constexpr,
+):
+    """The parts' (max, sum) folded by one fixed tree, then the token's logprob."""
+    row = tl.program_id(0).to(tl.int64)
+    base = logits_ptr + (row // inner) * stride_outer + (row % inner) * stride_inner
+    parts = tl.arange(0, PARTS)
+    m_parts = tl.load(m_ptr + row * PARTS + parts)
+    s_parts = tl.load(s_ptr + row * PARTS + parts)
+    m = tl.max(m_parts, axis=0)
+    scale = tl.where(m_parts == float("-inf"), 0.0, tl.exp(m_parts - m))  # empty parts add 0
+    lse = m + tl.log(tl.sum(s_parts * scale, axis=0))
+    temp = tl.load(temp_ptr + row)
     token = tl.load(tokens_ptr + row)
     picked = tl.load(base + token).to(tl.float32) / temp
     tl.store(out_ptr + row, picked - lse)
@@ -177,18 +220,37 @@ class _TokenLogprobs(torch.autograd.Function):
         out = torch.empty(count, dtype=torch.float32, device=logits.device)
         lse = torch.empty(count, dtype=torch.float32, device=logits.device)
         if count:
-            _logprob_kernel[(count,)](
+            vocab = logits.shape[-1]
+            per_part = triton.cdiv(triton.cdiv(vocab, LOGPROB_PARTS), LOGPROB_BLOCK) * LOGPROB_BLOCK
+            m_parts = torch.empty(count, LOGPROB_PARTS, dtype=torch.float32, device=logits.device)
+            s_parts = torch.empty_like(m_parts)
+            _logprob_part_kernel[(count, LOGPROB_PARTS)](
+                rows,
+                temps,
+                m_parts,
+                s_parts,
+                inner,
+                s_outer,
+                s_inner,
+                vocab,
+                per_part,
+                PARTS=LOGPROB_PARTS,
+                BLOCK=LOGPROB_BLOCK,
+                num_warps=LOGPROB_WARPS,
+            )
+            _logprob_combine_kernel[(count,)](
                 rows,
                 flat_tokens,
                 temps,
+                m_parts,
+                s_parts,
                 out,
                 lse,
                 inner,
                 s_outer,
                 s_inner,
-                logits.shape[-1],
-                BLOCK=LOGPROB_BLOCK,
-                num_warps=LOGPROB_WARPS,
+                PARTS=LOGPROB_PARTS,
+                num_warps=1,
             )
         ctx.save_for_backward(logits, flat_tokens, temps, lse)
         return out.reshape(tokens.shape)

@@ -77,3 +77,20 @@ def test_a_group_with_a_bias_on_some_parts_only_is_refused():
     model.layers[0].self_attn.k_proj.bias = None
     with pytest.raises(ValueError, match="bias on every part or on none"):
         stack_projections(model)
+
+
+def test_positions_past_the_rotary_tables_are_refused_before_any_kernel():
+    """The fused RoPE reads its tables without a bounds check, so the engine and the train
+    path refuse what would need a position past them, naming the key."""
+    from zkl.generation.engine import GenerationEngine, Request
+    from zkl.generation.sampling import SamplingParams
+
+    model = small_model()
+    limit = model.cfg.max_position_embeddings
+    engine = GenerationEngine(model, max_batch_size=2, eos_id=None)
+    request = Request(0, [1] * (limit - 3), SamplingParams(max_new_tokens=4))
+    with pytest.raises(ValueError, match="model.max_position_embeddings"):
+        engine.generate([request])
+    tokens = torch.ones(1, limit + 1, dtype=torch.long)
+    with pytest.raises(ValueError, match="model.max_position_embeddings"):
+        model(tokens, torch.arange(limit + 1).unsqueeze(0))

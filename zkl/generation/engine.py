@@ -199,6 +199,13 @@ class GenerationEngine:
         self._stack_projections()
         max_new = max(r.params.max_new_tokens for r in requests)
         max_len = max(len(r.prompt) for r in requests) + max_new
+        rope = getattr(self.model, "rope", None)  # the fused RoPE reads its tables unchecked
+        if rope is not None and max_len > rope.cos.shape[0]:
+            raise ValueError(
+                f"a request needs {max_len} positions (prompt + max_new_tokens) but "
+                f"model.max_position_embeddings={rope.cos.shape[0]}; raise it or shorten "
+                "the prompts or sampling.max_new_tokens."
+            )
         if self.decoder is None:
             cache, state = self._new_buffers(max_len, max_new)
         else:

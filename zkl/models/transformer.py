@@ -282,6 +282,11 @@ class Transformer(nn.Module):
         attention reads every cached key of the row; without it (train path), the row's
         own tokens are its keys and positions must be 0..T-1.
         """
+        if cache is None and tokens.shape[1] > self.rope.cos.shape[0]:
+            raise ValueError(
+                f"a sequence of {tokens.shape[1]} tokens is longer than "
+                f"model.max_position_embeddings={self.rope.cos.shape[0]}; raise it."
+            )
         x, delta = self.embed_tokens(tokens), None
         for block in self.layers:
             x, delta = block(x, delta, positions, self.rope, cache, slots)

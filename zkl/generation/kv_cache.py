@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from zkl.ops.fast import write_kv
+
 
 class KVCache:
     def __init__(
@@ -34,10 +36,9 @@ class KVCache:
         Returns the layer's whole K, V buffers [S, Hkv, max_len, D]; attention reads the
         rows' slots in place.
         """
-        rows = slots.unsqueeze(-1).expand_as(positions)  # [B, T]
-        self.k[layer, rows, :, positions] = k.transpose(1, 2).to(self.k.dtype)
-        self.v[layer, rows, :, positions] = v.transpose(1, 2).to(self.v.dtype)
-        return self.k[layer], self.v[layer]
+        cache_k, cache_v = self.layer(layer)
+        write_kv(cache_k, cache_v, slots, positions, k.transpose(1, 2), v.transpose(1, 2))
+        return cache_k, cache_v
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer's K, V buffers [S, Hkv, max_len, D] (a fused RoPE writes them in place)."""

@@ -101,10 +101,11 @@ class Attention(nn.Module):
         if cache is not None:  # K/V go to the cache first; attention reads the rows' slots
             kv_rows = slots
             if rope is not None:
+                cache_k, cache_v = cache.layer(self.layer)  # [S, Hkv, max_len, D]
                 q = ops.rotary_into_cache(
-                    q, k, v, rope.cos, rope.sin, positions, *cache.layer(self.layer), slots
+                    q, k, v, rope.cos, rope.sin, positions, cache_k, cache_v, slots
                 )
-                k, v = cache.layer(self.layer)  # [S, Hkv, max_len, D]
+                k, v = cache_k, cache_v
             else:
                 k, v = cache.update(
                     self.layer, slots, positions, k.transpose(1, 2), v.transpose(1, 2)

@@ -79,10 +79,15 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: tor
 def rotary_into_cache(q, k, v, cos, sin, positions, cache_k, cache_v, slots) -> torch.Tensor:
     """Rotated q out; rotated k and v into cache_k/v [S, Hkv, L, D] at (slots[b], positions)."""
     q, k = rotary(q, k, cos, sin, positions)
+    write_kv(cache_k, cache_v, slots, positions, k, v)
+    return q
+
+
+def write_kv(cache_k, cache_v, slots, positions, k: torch.Tensor, v: torch.Tensor) -> None:
+    """k, v [B, T, Hkv, D] into one layer's cache [S, Hkv, L, D] at (slots[b], positions[b, t])."""
     rows = slots.unsqueeze(-1).expand_as(positions)  # [B, T]
     cache_k[rows, :, positions] = k.to(cache_k.dtype)  # the indexed view is [B, T, Hkv, D]
     cache_v[rows, :, positions] = v.to(cache_v.dtype)
-    return q
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

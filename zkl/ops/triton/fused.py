@@ -22,7 +22,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from zkl.ops.triton.rowwise import NORM_WARPS, _rms_normalize
+from zkl.ops.triton.rowwise import NORM_WARPS, _rms_normalize, row_matrix
 
 ELEMENTWISE_BLOCK = 1024
 
@@ -232,11 +232,7 @@ def silu_mul_forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if gate.shape != up.shape or gate.dtype != up.dtype:
         raise ValueError(f"silu_mul needs gate and up alike, got {gate.shape} and {up.shape}")
     cols = gate.shape[-1]
-    g, u = gate.reshape(-1, cols), up.reshape(-1, cols)
-    if g.stride(-1) != 1:
-        g = g.contiguous()
-    if u.stride(-1) != 1:
-        u = u.contiguous()
+    g, u = row_matrix(gate), row_matrix(up)
     out = torch.empty(g.shape, dtype=gate.dtype, device=gate.device)
     if out.numel():
         grid = (g.shape[0], triton.cdiv(cols, ELEMENTWISE_BLOCK))
@@ -289,11 +285,7 @@ def add_rms_norm(
     if x.shape != delta.shape or x.dtype != delta.dtype:
         raise ValueError(f"add_rms_norm needs x and delta alike, got {x.shape} and {delta.shape}")
     dim = x.shape[-1]
-    xs, ds = x.reshape(-1, dim), delta.reshape(-1, dim)
-    if xs.stride(-1) != 1:
-        xs = xs.contiguous()
-    if ds.stride(-1) != 1:
-        ds = ds.contiguous()
+    xs, ds = row_matrix(x), row_matrix(delta)
     total = torch.empty(xs.shape, dtype=x.dtype, device=x.device)
     out = torch.empty_like(total)
     if xs.shape[0]:

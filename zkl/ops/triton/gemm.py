@@ -301,6 +301,16 @@ def _product(x, weight, bias, config: Config, tma: bool) -> torch.Tensor:
     return out
 
 
+def _probe_inputs(
+    depth: int, cols: int, dtype: torch.dtype, device: torch.device, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded x [PROBE_ROWS, K] and a weight [cols, K] for the first-use bit checks."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(PROBE_ROWS, depth, generator=g, device=device).to(dtype)
+    w = (torch.randn(cols, depth, generator=g, device=device) * 0.05).to(dtype)
+    return x, w
+
+
 def tiles_agree(depth: int, width: int, dtype: torch.dtype, device: torch.device) -> bool:
     """Whether every tile and form a (K, N) GEMM can get gives the fixed tile's bits here.
 
@@ -314,10 +324,7 @@ def tiles_agree(depth: int, width: int, dtype: torch.dtype, device: torch.device
         return True
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return False
-    g = torch.Generator(device=device).manual_seed(0)
-    x = torch.randn(PROBE_ROWS, depth, generator=g, device=device).to(dtype)
-    cols = min(width, PROBE_COLS)
-    w = (torch.randn(cols, depth, generator=g, device=device) * 0.05).to(dtype)
+    x, w = _probe_inputs(depth, min(width, PROBE_COLS), dtype, device, seed=0)
     reference = _product(x, w, None, fixed_config(depth, width, dtype), tma=False)
     agree = all(
         torch.equal(_product(x, w, None, config, tma), reference)
@@ -354,9 +361,7 @@ def columns_agree(
     agree = all(tiles_agree(depth, width, dtype, device) for width in shapes)
     configs = {fixed_config(depth, width, dtype) for width in shapes}
     if agree and len(configs) > 1:
-        g = torch.Generator(device=device).manual_seed(1)
-        x = torch.randn(PROBE_ROWS, depth, generator=g, device=device).to(dtype)
-        w = (torch.randn(PROBE_COLS, depth, generator=g, device=device) * 0.05).to(dtype)
+        x, w = _probe_inputs(depth, PROBE_COLS, dtype, device, seed=1)
         first, *others = configs
         reference = _product(x, w, None, first, tma=False)
         agree = all(torch.equal(_product(x, w, None, c, tma=False), reference) for c in others)

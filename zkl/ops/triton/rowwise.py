@@ -45,11 +45,16 @@ def _rms_norm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     return (out * weight.float()).to(x.dtype)
 
 
+def row_matrix(x: torch.Tensor) -> torch.Tensor:
+    """x [..., D] as [rows, D] with a unit last stride (a view where it can be): what the
+    one-program-per-row kernels index as `ptr + row * stride(0) + col`."""
+    rows = x.reshape(-1, x.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
 def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     dim = x.shape[-1]
-    rows = x.reshape(-1, dim)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
+    rows = row_matrix(x)
     out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
     if rows.shape[0]:
         block = triton.next_power_of_2(dim)

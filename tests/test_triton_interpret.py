@@ -106,6 +106,49 @@ def test_attention_backward_matches_sdpa():
         torch.testing.assert_close(got, t.grad, rtol=1e-4, atol=1e-4)
 
 
+def test_attention_chunk_merges_agree_across_paths_tiles_and_splits():
+    """Three chunks of 128 keys: prefill at two tile sizes, split decode with any number of
+    chunks a program, and chunked prefill from the cache give one answer (SDPA's)."""
+    seq, chunk = 300, 128
+    q, k, v = _qkv(seq)
+    positions = torch.arange(seq).expand(2, seq)
+    want = fast.attention(q, k, v, positions)
+    ref = attention.prefill(q, k, v, positions, tile=attention.REFERENCE, chunk=chunk)
+    torch.testing.assert_close(ref, want, **TOL)
+    big = attention.prefill(q, k, v, positions, tile=attention.Tile(64, 4, 2), chunk=chunk)
+    torch.testing.assert_close(big, ref, **TOL)
+    cache_k, cache_v = torch.zeros(3, 2, 320, 16), torch.zeros(3, 2, 320, 16)
+    rows = torch.tensor([2, 0])
+    cache_k[rows, :, :seq], cache_v[rows, :, :seq] = k, v
+    for t in (0, 127, 128, 200, 255, 256, 299):
+        pos = torch.full((2, 1), t)
+        out = attention.decode(q[:, :, t : t + 1], cache_k, cache_v, pos, rows, chunk=chunk)
+        torch.testing.assert_close(out[:, :, 0], ref[:, :, t], **TOL)
+    part = attention.prefill(q[:, :, 100:], cache_k, cache_v, positions[:, 100:], rows, chunk=chunk)
+    torch.testing.assert_close(part, ref[:, :, 100:], **TOL)
+
+
+def test_decode_split_covers_every_chunk_once():
+    """Each program takes whole chunks; the grid covers every chunk of the buffer."""
+    for rows, heads, chunks, sms in ((1, 2, 64, 132), (64, 2, 32, 132), (256, 8, 1, 132)):
+        per = attention.decode_split(rows, heads, chunks, sms)
+        assert per >= 1 and -(-chunks // per) * per >= chunks
+
+
+def test_default_attention_on_the_interpreter_matches_sdpa():
+    seq = 150
+    q, k, v = _qkv(seq)
+    positions = torch.arange(seq).expand(2, seq)
+    want = fast.attention(q, k, v, positions)
+    torch.testing.assert_close(attention.attention_default(q, k, v, positions), want, **TOL)
+    cache_k, cache_v = torch.zeros(2, 2, 160, 16), torch.zeros(2, 2, 160, 16)
+    rows = torch.tensor([1, 0])
+    cache_k[rows, :, :seq], cache_v[rows, :, :seq] = k, v
+    pos = torch.full((2, 1), 149)
+    out = attention.attention_default(q[:, :, 149:], cache_k, cache_v, pos, rows)
+    torch.testing.assert_close(out[:, :, 0], want[:, :, 149], **TOL)
+
+
 def test_gemm_tiles_follow_m_and_the_fixed_tile_follows_the_weight_only():
     assert gemm.fixed_config(1024, 1024, torch.bfloat16) == gemm.LARGE_16
     assert gemm.fixed_config(1024, 256, torch.bfloat16) == gemm.SMALL_16

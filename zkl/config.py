@@ -63,7 +63,7 @@ class EngineConfig:
     sync_every: int = 0  # decode steps between host looks at finished rows; 0: 1 CPU, 8 CUDA
     # Decode in CUDA graphs: off (default until the H200 run confirms them) | auto (on for
     # CUDA dense models) | on.
-    cuda_graphs: str = "off"
+    cuda_graphs: str = "auto"
 
 
 @dataclass

@@ -19,6 +19,8 @@ from zkl.errors import ConfigError
 from zkl.invariance import resolve
 from zkl.models.config import ModelConfig
 
+LOGIT_TOKENS = 8192  # tokens whose logits exist at once on the train path (zkl.scoring)
+
 GB = 1e9
 PROCESS_BYTES = 0.6 * GB  # an idle Python process with torch imported
 RECORD_BYTES_PER_TOKEN = 400  # a generated token's int and 0-d logprob tensor
@@ -96,14 +98,13 @@ def _token_bytes(cfg: Any, positions: int) -> tuple[int, int, int]:
     """(compute-dtype bytes, one token's KV bytes, one token's activation bytes per layer)."""
     m = cfg.model
     c = 2 if cfg.precision.compute_dtype == "bfloat16" else 4
-    fixes = resolve(cfg.zero_train_gen_mismatch, vars(cfg.fixes))
     width = m.intermediate_size
     if m.is_moe:
         width = m.num_experts_per_tok * (m.moe_intermediate_size + 2 * m.hidden_size)
     on_cuda = device_of(cfg).startswith("cuda")
-    # CUDA's attention kernel saves no score rows (the backward recomputes them per layer).
-    fused_attention = on_cuda and "attention_fixed_split" in fixes
-    attention_row = 0 if fused_attention else m.num_attention_heads * positions * 4
+    # On CUDA both modes' attention (zkl's kernel, or flash) saves no score rows: the
+    # backward is flash and recomputes them.
+    attention_row = 0 if on_cuda else m.num_attention_heads * positions * 4
     kv_token = 2 * m.num_hidden_layers * m.num_key_value_heads * m.head_dim * c
     return c, kv_token, (10 * m.hidden_size + 3 * width) * c + attention_row
 
@@ -150,11 +151,11 @@ def estimate(cfg: Any, positions: int) -> dict[str, float]:
         "weights and optimizer state": float(p * per_param),
         **({} if _own_gpu(cfg) else _engine_parts(cfg, positions)),
         "rotary tables": float(m.max_position_embeddings * m.head_dim * 24 * (1 + dedicated)),
-        "scoring logits": float(scored * positions * m.vocab_size * score_bytes),
+        # the train path makes the logits LOGIT_TOKENS at a time (zkl.scoring)
+        "scoring logits": float(min(scored * positions, LOGIT_TOKENS) * m.vocab_size * score_bytes),
         "update activations": float(
-            minibatch
-            * positions
-            * (m.vocab_size * update_bytes + m.num_hidden_layers * layer_token)
+            minibatch * positions * m.num_hidden_layers * layer_token
+            + min(minibatch * positions, LOGIT_TOKENS) * m.vocab_size * update_bytes
         ),
         # the trainer's forwards; the engine prefills a hybrid one request at a time
         "Mamba chunk scan": mamba_scan_bytes(m, max(scored, minibatch), positions),

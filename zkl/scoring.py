@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from zkl import ops
+from zkl.memory import LOGIT_TOKENS
 
 
 def pad_sequences(
@@ -23,15 +25,38 @@ def pad_sequences(
     return tokens, mask
 
 
+def _chunk_logprobs(lm_head, hidden, targets, temperature) -> torch.Tensor:
+    return ops.token_logprobs(lm_head(hidden), targets, temperature)
+
+
 def sequence_logprobs(
     model: torch.nn.Module, tokens: torch.Tensor, temperature: float | torch.Tensor = 1.0
 ) -> torch.Tensor:
-    """fp32 logprob [B, T-1] of tokens[:, 1:] under the model (differentiable)."""
+    """fp32 logprob [B, T-1] of tokens[:, 1:] under the model (differentiable).
+
+    The logits are made about LOGIT_TOKENS tokens at a time and, with gradients, remade in
+    the backward (activation checkpointing), so a long micro-batch never holds [B, T, V]:
+    at a 151,936-token vocabulary that is 2.4 GB of bf16 logits per 8k tokens. A token's
+    logprob is the same either way in zero mode (the lm_head GEMM and the log-softmax are
+    invariant in the row count).
+    """
     positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
-    logits = model(tokens, positions)  # [B, T, V]
     if isinstance(temperature, torch.Tensor):
         temperature = temperature.reshape(-1, 1, 1)
-    return ops.token_logprobs(logits[:, :-1], tokens[:, 1:], temperature)
+    targets = tokens[:, 1:]
+    if not hasattr(model, "hidden_states"):  # megatron's GPTModel: its own logits
+        return ops.token_logprobs(model(tokens, positions)[:, :-1], targets, temperature)
+    hidden = model.hidden_states(tokens, positions)[:, :-1]  # [B, T-1, hidden]
+    width = max(1, LOGIT_TOKENS // tokens.shape[0])
+    grad = torch.is_grad_enabled() and hidden.requires_grad
+    parts = []
+    for lo in range(0, hidden.shape[1], width):
+        args = (model.lm_head, hidden[:, lo : lo + width], targets[:, lo : lo + width])
+        if grad:
+            parts.append(checkpoint(_chunk_logprobs, *args, temperature, use_reentrant=False))
+        else:
+            parts.append(_chunk_logprobs(*args, temperature))
+    return torch.cat(parts, dim=1)
 
 
 @torch.no_grad()

@@ -37,6 +37,7 @@ from zkl import ops
 from zkl.invariance import is_enabled
 from zkl.models.config import ModelConfig
 from zkl.models.transformer import fixed_route, run_experts
+from zkl.ops import fast
 
 
 @dataclass
@@ -151,7 +152,9 @@ class ZklCoreAttention(DotProductAttention):
         if step.cache is not None:  # K/V to the cache first; attention reads the rows' slots
             k, v = step.cache.update(self.layer_number - 1, step.slots, positions, k, v)
             kv_rows = step.slots
-        if is_enabled("attention_fixed_split"):
+        # A graph's step cannot read positions back, which megatron's own attention needs:
+        # there the default path runs zkl's (flash-decoding on CUDA) instead.
+        if is_enabled("attention_fixed_split") or fast.shapes_are_static(q.device):
             out = ops.attention(q, k, v, positions, kv_rows)  # [B, H, T, D]
             return out.permute(2, 0, 1, 3).reshape(q.shape[2], q.shape[0], -1)
         if kv_rows is not None:

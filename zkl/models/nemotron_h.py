@@ -139,12 +139,16 @@ class NemotronH(nn.Module):
         logit_index: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """As `Transformer.forward`; with `cache` every token of a row is real (no padding)."""
+        return self.lm_head(self.hidden_states(tokens, positions, cache, slots, logit_index))
+
+    def hidden_states(self, tokens, positions, cache=None, slots=None, logit_index=None):
+        """As `Transformer.hidden_states`."""
         x = self.embed_tokens(tokens)
         for layer in self.layers:
             x = layer(x, positions, cache, slots)
         if logit_index is not None:
             x = x[torch.arange(x.shape[0], device=x.device), logit_index]
-        return self.lm_head(self.norm(x))
+        return self.norm(x)
 
 
 def init_hybrid_weights(model: NemotronH, seed: int) -> None:

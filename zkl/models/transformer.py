@@ -283,6 +283,11 @@ class Transformer(nn.Module):
         attention reads every cached key of the row; without it (train path), the row's
         own tokens are its keys and positions must be 0..T-1.
         """
+        return self.lm_head(self.hidden_states(tokens, positions, cache, slots, logit_index))
+
+    def hidden_states(self, tokens, positions, cache=None, slots=None, logit_index=None):
+        """The final norm's output [B, T, hidden] (or [B, hidden] at `logit_index`): what
+        `lm_head` reads, so the train path can take the logits a chunk of tokens at a time."""
         if cache is None and tokens.shape[1] > self.rope.cos.shape[0]:
             raise ValueError(
                 f"a sequence of {tokens.shape[1]} tokens is longer than "
@@ -294,7 +299,7 @@ class Transformer(nn.Module):
         if logit_index is not None:
             picked = (torch.arange(x.shape[0], device=x.device), logit_index)
             x, delta = x[picked], None if delta is None else delta[picked]
-        return self.lm_head(self.norm.add_forward(x, delta)[1])
+        return self.norm.add_forward(x, delta)[1]
 
 
 INIT_CHUNK = 1 << 24  # elements drawn at a time

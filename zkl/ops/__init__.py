@@ -119,8 +119,11 @@ def attention(
     q_pos [B, Tq] are the queries' absolute positions; batch row b reads the keys of row
     `kv_rows[b]` (the KV-cache slot; default b).
     """
-    impl = _invariant_for(q) if is_enabled("attention_fixed_split") else fast
-    return impl.attention(q, k, v, q_pos, kv_rows)
+    if is_enabled("attention_fixed_split"):
+        return _invariant_for(q).attention(q, k, v, q_pos, kv_rows)
+    if q.is_cuda:  # flash for scoring, flash-decoding for decode, as a fast engine runs
+        return _cuda().attention_default(q, k, v, q_pos, kv_rows)
+    return fast.attention(q, k, v, q_pos, kv_rows)
 
 
 def token_logprobs(

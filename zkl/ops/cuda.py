@@ -5,7 +5,7 @@ Imported only when a tensor is on a CUDA device, so the CPU path never needs Tri
 
 from __future__ import annotations
 
-from zkl.ops.triton.attention import attention
+from zkl.ops.triton.attention import attention, attention_default
 from zkl.ops.triton.commit import commit_samples
 from zkl.ops.triton.fused import add_rms_norm, rotary, rotary_into_cache, silu_mul
 from zkl.ops.triton.gemm import columns_agree, linear
@@ -15,6 +15,7 @@ from zkl.ops.triton.sampling import gumbel_argmax
 __all__ = [
     "add_rms_norm",
     "attention",
+    "attention_default",
     "columns_agree",
     "commit_samples",
     "gumbel_argmax",

@@ -26,6 +26,12 @@ def static_shapes() -> Iterator[None]:
         _STATIC_SHAPES.reset(token)
 
 
+def shapes_are_static(device: torch.device) -> bool:
+    """Whether this step must not read back to the host (`static_shapes`, or a capture)."""
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    return _STATIC_SHAPES.get() or capturing
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return F.linear(x, weight, bias)
 
@@ -131,7 +137,7 @@ def attention(
     """
     if kv_rows is not None:
         k, v = k[kv_rows], v[kv_rows]
-    if _STATIC_SHAPES.get() or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if shapes_are_static(q.device):
         mask = torch.arange(k.shape[2], device=q.device) <= q_pos.unsqueeze(-1)  # [B, Tq, Tk]
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask.unsqueeze(1), enable_gqa=q.shape[1] != k.shape[1]

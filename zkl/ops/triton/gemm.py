@@ -218,7 +218,7 @@ _COLUMNS_AGREE: dict[tuple, bool] = {}
 _AGREES: dict[tuple, bool] = {}
 
 
-def _sm_count(device: torch.device) -> int:
+def sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 4  # the interpreter's CPU tensors
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -261,7 +261,7 @@ def _launch(x, weight, bias, out, config: Config, tma: bool) -> None:
             num_stages=stages,
         )
         if block_m >= 128:  # the large tiles run persistent: measured faster at every shape
-            sms = _sm_count(x.device)
+            sms = sm_count(x.device)
             _gemm_tma_persistent_kernel[(min(sms, tiles),)](
                 *descs, bias_arg, num_rows, num_cols, depth, NUM_SMS=sms, **common
             )

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Issue 20 on one H200, one call: the GPU tests, the attention rows against SDPA's flash,
+# and where an eager decode step goes.   OUT=/some/dir STAGES="tests attn eager" bash scripts/gpu_long.sh
+set -uo pipefail
+OUT=${OUT:-gpu_out}
+STAGES=${STAGES:-"tests attn eager"}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+{
+  date -u +%FT%TZ
+  echo "zkl sources sha256 $(find zkl -name '*.py' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+} > "$OUT/env.txt" 2>&1
+for stage in $STAGES; do
+  case $stage in
+    tests)
+      timeout "${TESTS_S:-260}" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider ${TESTS:-tests} \
+        > "$OUT/pytest_gpu.log" 2>&1; echo "pytest rc=$?" >> "$OUT/pytest_gpu.log" ;;
+    attn)
+      timeout "${ATTN_S:-150}" python3 -c "
+import json, zkl.bench_attention as b
+from zkl.bench_cuda import format_table
+r = {**b.forward_rows(), **b.decode_rows()}
+print(format_table(r)); json.dump(r, open('$OUT/attention.json', 'w'), indent=1)
+" > "$OUT/attention.log" 2>&1; echo "attn rc=$?" >> "$OUT/attention.log" ;;
+    eager)
+      timeout "${EAGER_S:-120}" python3 scripts/profile_eager.py > "$OUT/eager.log" 2>&1
+      echo "eager rc=$?" >> "$OUT/eager.log" ;;
+  esac
+done

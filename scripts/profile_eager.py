@@ -1,0 +1,44 @@
+"""Where an eager (no CUDA graphs) decode step's time goes: cProfile of `generate` for
+qwen2_5_1_5b at 16 slots, 64-96-token prompts, 64 new tokens. argv[1:] are overrides."""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+import sys
+import time
+
+import torch
+
+from zkl import invariance
+from zkl.bench_cuda import bench_requests
+from zkl.config import compose
+from zkl.generation.engine import GenerationEngine
+from zkl.rl.policy import Policy
+
+
+def main(overrides: list[str]) -> None:
+    cfg = compose(["device=cuda", "model=qwen2_5_1_5b", "tracking.wandb.mode=disabled", *overrides])
+    model = Policy(cfg).model
+    requests = bench_requests(16, cfg.model.vocab_size)
+    for mode, fixes in (("zero", frozenset(invariance.FIXES)), ("default", frozenset())):
+        with invariance.enabled(fixes):
+            engine = GenerationEngine(
+                model, max_batch_size=16, eos_id=None, sync_every=8, cuda_graphs="off"
+            )
+            engine.generate(requests)  # compile, probes
+            torch.cuda.synchronize()
+            profiler = cProfile.Profile()
+            t0 = time.perf_counter()
+            profiler.enable()
+            engine.generate(requests)
+            torch.cuda.synchronize()
+            profiler.disable()
+            seconds = time.perf_counter() - t0
+            steps = engine.stats.decode_steps
+            print(f"=== eager {mode}: {steps} decode steps, {1e3 * seconds / steps:.2f} ms a step")
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -100,6 +100,9 @@ def run_bench(cfg: ZklConfig, run_dir: str | Path) -> dict[str, float]:
     hybrid = getattr(policy.model, "num_mamba_layers", 0) > 0
     # A hybrid's figure of merit is its decode with the Mamba fix on vs off (below, on any
     # device); the CUDA table (graphs, GEMMs vs cuBLAS, transformers) is for dense models.
+    if policy.model.embed_tokens.weight.is_cuda and cfg.bench.workload == "rl":
+        del policy  # each RL shape builds its own
+        return run_rl(cfg, run_dir)
     if policy.model.embed_tokens.weight.is_cuda and not hybrid:
         if cfg.layout.name == "dedicated":  # the engine's own table is the same in any layout
             return _write(measure_refit(cfg, policy, task.tokenizer.eos_id), run_dir)
@@ -156,6 +159,23 @@ def run_cuda(model: torch.nn.Module, run_dir: str | Path) -> dict:
     for mode, fixes in bench_cuda.MODES.items():
         table = bench_cuda.profile_decode_step(model, 64, fixes)
         (run_dir / f"profile_decode_b64_{mode}.txt").write_text(table)
+    return result
+
+
+def run_rl(cfg: ZklConfig, run_dir: str | Path) -> dict:
+    """The RL-shaped rows (`zkl.bench_rl`), bench.json saved after every shape."""
+    from zkl import bench_cuda, bench_rl
+
+    path = Path(run_dir) / "bench.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(partial: dict) -> None:
+        path.write_text(json.dumps(partial, indent=1))
+
+    result = bench_rl.run_rl_bench(cfg, save)
+    save(result)
+    print(bench_cuda.format_table(result))
+    print(f"zkl.bench: wrote {path}")
     return result
 
 

@@ -154,6 +154,20 @@ class FixesConfig:
 
 
 @dataclass
+class BenchConfig:
+    """`python -m zkl.bench` on CUDA: the short table, or RL shapes (PROMPTxRESPONSExROLLOUTS)."""
+
+    workload: str = "short"  # short (zkl.bench_cuda's table) | rl (zkl.bench_rl)
+    gen_shapes: list[str] = field(
+        default_factory=lambda: [
+            "1024x1024x64", "1024x4096x64", "4096x1024x64", "4096x4096x64",
+            "1024x1024x256", "4096x1024x256",
+        ]
+    )  # fmt: skip
+    step_shapes: list[str] = field(default_factory=lambda: ["4096x4096x64"])
+
+
+@dataclass
 class ZklConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
@@ -167,11 +181,32 @@ class ZklConfig:
     cert: CertConfig = field(default_factory=CertConfig)
     fixes: FixesConfig = field(default_factory=FixesConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    bench: BenchConfig = field(default_factory=BenchConfig)
     resume: bool = False  # continue from run_dir/checkpoint.pt (zkl/checkpoint.py)
     zero_train_gen_mismatch: bool = True
     seed: int = 0
     device: str = "cpu"  # cpu (the embedded default) | cuda | cuda:N | auto (CUDA when present)
     num_threads: int = 0  # 0: torch's default; the dedicated generator uses the same number
+
+
+def _check_bench(bench: BenchConfig, on_cuda: bool) -> None:
+    if bench.workload not in ("short", "rl"):
+        raise ConfigError(f"bench.workload={bench.workload!r} must be short or rl.")
+    if bench.workload == "rl" and not on_cuda:
+        raise ConfigError("bench.workload=rl times long CUDA workloads; use device=cuda.")
+    for key in ("gen_shapes", "step_shapes"):
+        for shape in getattr(bench, key):
+            parts = str(shape).lower().split("x")
+            if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+                raise ConfigError(
+                    f"bench.{key} holds {shape!r}; each shape is PROMPTxRESPONSExROLLOUTS, "
+                    "e.g. 4096x4096x64."
+                )
+            if int(parts[0]) <= 32 or int(parts[2]) % 8:
+                raise ConfigError(
+                    f"bench.{key} holds {shape!r}: the prompt must be over 32 tokens (the "
+                    "residue task's prefix) and the rollouts a multiple of 8."
+                )
 
 
 def layout_gpus(layout: str, backend: str = "auto") -> int:
@@ -326,6 +361,7 @@ def validate(
         raise ConfigError(problem)
     if cfg.kv.mode not in ("recompute", "persist"):
         raise ConfigError(f"kv.mode={cfg.kv.mode!r} must be recompute or persist.")
+    _check_bench(cfg.bench, on_cuda)
     _positive(cfg.engine.max_batch_size, "engine.max_batch_size")
     if cfg.engine.sync_every < 0:
         raise ConfigError(f"engine.sync_every={cfg.engine.sync_every} must be >= 0 (0: auto).")

@@ -1,0 +1,34 @@
+"""The RL-shaped bench's logic on the CPU at a tiny shape (its figures come from the H200)."""
+
+from __future__ import annotations
+
+import pytest
+
+from zkl import bench_rl
+from zkl.config import BenchConfig, _check_bench, compose
+from zkl.errors import ConfigError
+
+
+def test_shapes_parse_and_bad_ones_are_one_sentence():
+    assert bench_rl.parse_shape("4096x1024x64") == (4096, 1024, 64)
+    for bad in ("4096x1024", "ax1x8", "16x4x8", "64x4x9"):
+        with pytest.raises(ConfigError, match="bench.gen_shapes"):
+            _check_bench(BenchConfig(workload="rl", gen_shapes=[bad]), on_cuda=True)
+    with pytest.raises(ConfigError, match="device=cuda"):
+        _check_bench(BenchConfig(workload="rl"), on_cuda=False)
+    with pytest.raises(ConfigError, match="bench.workload"):
+        _check_bench(BenchConfig(workload="long"), on_cuda=True)
+
+
+def test_rl_rows_time_both_modes_from_the_same_weights():
+    cfg = compose(
+        ["tracking.wandb.mode=disabled", "bench.gen_shapes=[40x6x8]", "bench.step_shapes=[40x6x8]"]
+    )
+    out = bench_rl.run_rl_bench(cfg, lambda partial: None, bandwidth=1e10)
+    step = "rl_step/40x6x8"
+    assert out[f"{step}/zero/gen_kl_error"] == 0.0
+    assert out[f"{step}/default/gen_kl_error"] > 0.0
+    for mode in ("zero", "default"):
+        assert out[f"{step}/{mode}/step_s"] > 0 and out[f"{step}/{mode}/estimate_gb"] > 0
+        assert out[f"rl_gen/40x6x8/{mode}/gen_tokens_per_s"] > 0
+    assert f"{step}/zero_over_default_time" in out and "rl_gen/40x6x8/zero_over_default" in out

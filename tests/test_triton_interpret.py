@@ -115,8 +115,10 @@ def test_attention_chunk_merges_agree_across_paths_tiles_and_splits():
     want = fast.attention(q, k, v, positions)
     ref = attention.prefill(q, k, v, positions, tile=attention.REFERENCE, chunk=chunk)
     torch.testing.assert_close(ref, want, **TOL)
-    big = attention.prefill(q, k, v, positions, tile=attention.Tile(64, 4, 2), chunk=chunk)
-    torch.testing.assert_close(big, ref, **TOL)
+    for nested in (False, True):
+        tile = attention.Tile(64, 4, 2, nested=nested)
+        big = attention.prefill(q, k, v, positions, tile=tile, chunk=chunk)
+        torch.testing.assert_close(big, ref, **TOL)
     cache_k, cache_v = torch.zeros(3, 2, 320, 16), torch.zeros(3, 2, 320, 16)
     rows = torch.tensor([2, 0])
     cache_k[rows, :, :seq], cache_v[rows, :, :seq] = k, v

@@ -24,6 +24,7 @@ SEQS = (2048, 8192, 16384)
 CONTEXTS = (2048, 8192, 32768)
 DECODE_BATCHES = (1, 16, 64)
 TOKENS_PER_CALL = 16384
+TILE_SEQS = (8192,)
 
 
 def _sdpa_forms(q, k, v, causal: bool) -> dict[str, Callable[[], torch.Tensor]]:
@@ -83,6 +84,15 @@ def forward_rows(seqs: tuple[int, ...] = SEQS) -> dict[str, object]:
         out[f"{key}/sdpa_tflops"] = flops / sdpa_s / 1e12
         out[f"{key}/sdpa_form"] = name
         out[f"{key}/zkl_over_sdpa_speed"] = sdpa_s / zkl_s
+        if seq in TILE_SEQS:  # every candidate tile, whatever its bits: the data for choosing
+            for cand in attn.PREFILL_TILES:
+                name_t = f"{cand.rows}w{cand.warps}{'n' if cand.nested else 'f'}"
+                name_t += "c" if cand.fp_fusion else ""
+                with torch.no_grad():
+                    t_s = cuda_time(
+                        lambda c=cand, a=(q, k, v, pos): attn.prefill(*a, tile=c), repeats=5
+                    )
+                out[f"{key}/candidate_{name_t}_over_sdpa_speed"] = sdpa_s / t_s
 
         qg, kg, vg = _qkv(batch, seq, grad=True)
 

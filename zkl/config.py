@@ -61,8 +61,8 @@ class EngineConfig:
     prefill_chunk: int = 0  # 0: whole prompt in one forward
     prefix_cache_blocks: int = 4096
     sync_every: int = 0  # decode steps between host looks at finished rows; 0: 1 CPU, 8 CUDA
-    # Decode in CUDA graphs: off (default until the H200 run confirms them) | auto (on for
-    # CUDA dense models) | on.
+    # Decode in CUDA graphs: auto (on where the model's decode can be captured, on CUDA) |
+    # on (refuse where it cannot) | off (eager).
     cuda_graphs: str = "auto"
 
 

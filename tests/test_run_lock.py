@@ -1,4 +1,4 @@
-"""One run a directory: a second live run is refused naming the holder; a dead holder blocks nothing."""
+"""One run a directory: a second live run is refused, naming the holder; a dead one blocks nothing."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def refusal(err: str, pid: int, run_dir: Path) -> None:
 
 def test_the_lock_names_its_holder_and_dies_with_it(tmp_path):
     proc = holder(tmp_path)
-    with pytest.raises(run_lock.RunDirInUse, match=rf"in use by another zkl run \(PID {proc.pid}\)"):
+    with pytest.raises(run_lock.RunDirInUse, match=rf"another zkl run \(PID {proc.pid}\)"):
         run_lock.acquire(tmp_path)
     assert run_lock.in_use(tmp_path)
     proc.send_signal(signal.SIGKILL)

@@ -1,4 +1,4 @@
-"""One run a directory: a second live run is refused, naming the holder; a dead one blocks nothing."""
+"""One run a directory: a second live run is refused, naming the holder; a dead one blocks none."""
 
 from __future__ import annotations
 

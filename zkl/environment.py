@@ -34,16 +34,12 @@ def preempt_signal() -> signal.Signals:
 def restart_count() -> int:
     """How often Slurm requeued this job (0 outside Slurm)."""
     raw = os.environ.get(RESTART_COUNT) or "0"
-    try:
-        count = int(raw)
-    except ValueError:
-        count = -1
-    if count < 0:
+    if not (raw.isascii() and raw.isdigit()):
         raise ConfigError(
             f"{RESTART_COUNT}={raw!r} is not a count of restarts (Slurm sets a whole number "
             ">= 0); unset it outside a Slurm job."
         )
-    return count
+    return int(raw)
 
 
 def check_wandb() -> None:

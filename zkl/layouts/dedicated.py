@@ -55,7 +55,7 @@ def _rendezvous_file() -> str:
     return os.path.join(tempfile.mkdtemp(prefix="zkl-rendezvous-"), "store")
 
 
-def _loopback_only() -> None:
+def loopback_only() -> None:
     """Gloo's and NCCL's own sockets on the loopback interface: both ranks share one host.
 
     Gloo binds the address the host name resolves to, NCCL's bootstrap the first non-loopback
@@ -108,7 +108,7 @@ def _init_group(cfg, store_file: str, rank: int) -> None:
     device = resolve_device(cfg.device) if rank == 0 else generator_device(cfg)
     if kind == "nccl":
         torch.cuda.set_device(device)
-    _loopback_only()
+    loopback_only()
     dist.init_process_group(
         kind,
         store=dist.FileStore(store_file, 2),

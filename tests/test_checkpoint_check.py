@@ -13,6 +13,7 @@ from test_hostile_input import assert_refused_before_work, run_entry
 
 from zkl.config import ConfigError, validate
 from zkl.models import build_model
+from zkl.models.hf_checkpoint import INDEX_FILE
 
 FAMILY_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
 FAMILY_KEYS += ("num_key_value_heads", "head_dim", "intermediate_size", "rope_theta")
@@ -152,3 +153,87 @@ def test_the_entry_point_refuses_a_bad_checkpoint_before_building(tmp_path, good
         (good / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
     out = run_entry("zkl", [f"model.checkpoint={good}"], tmp_path / "run")
     assert_refused_before_work(out, tmp_path / "run", "model.checkpoint")
+
+
+def rewrite_header(file: Path, edit, tail: bytes = b"") -> None:
+    """`file` with its header edited by `edit(header)` and `tail` appended to the data."""
+    data = file.read_bytes()
+    length = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + length])
+    edit(header)
+    raw = json.dumps(header).encode()
+    file.write_bytes(len(raw).to_bytes(8, "little") + raw + data[8 + length :] + tail)
+
+
+def by_offset(header: dict) -> list[str]:
+    names = [k for k in header if k != "__metadata__"]
+    return sorted(names, key=lambda k: header[k]["data_offsets"][0])
+
+
+def shift(header: dict, name: str, delta: int) -> None:
+    header[name]["data_offsets"] = [x + delta for x in header[name]["data_offsets"]]
+
+
+@pytest.mark.parametrize(
+    "edit, tail, expected",
+    [
+        (lambda h: shift(h, by_offset(h)[1], -4), b"", "overlaps the tensor before it"),
+        (lambda h: shift(h, by_offset(h)[-1], 4), b"\0" * 4, "leaves a gap"),
+        (lambda h: None, b"\0" * 16, "holds 16 bytes after its last tensor"),
+        (lambda h: h.update(__metadata__={"format": 1}), b"", "__metadata__ that is not a map"),
+        (lambda h: h.update(__metadata__=["pt"]), b"", "__metadata__ that is not a map"),
+        (lambda h: h[by_offset(h)[0]].update(data_offsets=[0.0, 4.0]), b"", "corrupt"),
+        (lambda h: h[by_offset(h)[0]].update(shape=[True]), b"", "corrupt safetensors header"),
+    ],
+)
+def test_offsets_and_metadata_are_checked_as_safetensors_loads_them(good, edit, tail, expected):
+    from safetensors import safe_open
+
+    file = good / "model.safetensors"
+    rewrite_header(file, edit, tail)
+    assert expected in refusal(good)
+    if expected != "corrupt":  # what the loader would have raised after building the model
+        with pytest.raises(Exception), safe_open(str(file), "pt") as f:  # noqa: B017
+            [f.get_tensor(k) for k in f.keys()]  # noqa: SIM118 (safe_open, not a dict)
+
+
+DEEP = 200_000
+
+
+def test_deep_nesting_is_refused_without_recursion(good):
+    deep = b"[" * DEEP + b"]" * DEEP
+    with pytest.raises(RecursionError):  # what the plain parser does with such a file
+        json.loads(b'{"a": ' + deep + b"}")
+    config = (good / "config.json").read_bytes()
+    (good / "config.json").write_bytes(b'{"a": ' + deep + b", " + config[1:])
+    assert "config.json nests deeper than 64 levels" in refusal(good)
+    (good / "config.json").write_bytes(config)
+    file = good / "model.safetensors"
+    data = file.read_bytes()
+    length = int.from_bytes(data[:8], "little")
+    raw = b'{"__metadata__": ' + deep + b", " + data[9 : 8 + length]
+    file.write_bytes(len(raw).to_bytes(8, "little") + raw + data[8 + length :])
+    assert "header nested too deep" in refusal(good)
+    (good / "config.json").write_text('{"s": "[[[[' + "[" * 100 + '", "model_type": 1}')
+    assert "nests deeper" not in refusal(good)  # brackets inside a string do not nest
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json", INDEX_FILE])
+def test_a_fifo_is_refused_without_blocking(good, name):
+    import os
+    import signal
+
+    (good / name).unlink(missing_ok=True)
+    os.mkfifo(good / name)
+    signal.alarm(60)  # a reader blocked on the FIFO fails the test instead of hanging it
+    try:
+        assert f"{name} is not a regular file" in refusal(good)
+    finally:
+        signal.alarm(0)
+
+
+def test_the_entry_point_refuses_overlapping_offsets_before_building(tmp_path, good):
+    rewrite_header(good / "model.safetensors", lambda h: shift(h, by_offset(h)[1], -4))
+    out = run_entry("zkl", [f"model.checkpoint={good}"], tmp_path / "run")
+    assert_refused_before_work(out, tmp_path / "run", "model.checkpoint")
+    assert "overlaps the tensor before it" in out.stderr

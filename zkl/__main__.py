@@ -7,6 +7,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from zkl import run_lock
 from zkl.cli import guarded
 from zkl.config import CONF_DIR, to_object
 from zkl.tracking.errors import clear_error, record_error
@@ -21,11 +22,13 @@ def experiment(dcfg: DictConfig) -> None:
     from zkl.rl.loop import run
 
     run_dir = HydraConfig.get().runtime.output_dir
-    clear_error(run_dir)
+    if not run_lock.in_use(run_dir):  # a live run's error.txt is its own; run() refuses
+        clear_error(run_dir)
     try:
         rows = run(to_object(dcfg), run_dir)
     except Exception as err:  # a sweep job's sentence goes to error.txt for the report
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
+        in_use = isinstance(err, run_lock.RunDirInUse)  # error.txt is the holder's
+        if HydraConfig.get().mode == RunMode.MULTIRUN and not in_use:
             record_error(run_dir, err)
         raise
     last = rows[-1]

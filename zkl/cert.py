@@ -28,7 +28,9 @@ import dataclasses
 import gc
 import itertools
 import json
+import operator
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -39,7 +41,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from zkl import ablation, invariance
+from zkl import ablation, environment, invariance, run_lock
 from zkl.ablation import Mode
 from zkl.cli import guarded
 from zkl.config import CONF_DIR, ZklConfig, to_object, validate, with_group_option
@@ -66,8 +68,35 @@ AXES = {"model": "models", "precision": "precisions", "layout": "layouts", "kv":
 RESULTS_FILE, TABLE_FILE = "cert.jsonl", "cert.txt"
 
 
+# A bed's folder is built from these config values, one path component each.
+FOLDER_KEYS = ("model.name", "layout.name", "precision.name", "kv.mode")
+_FOLDER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,199}")
+
+
+def folder_name(value: str, key: str) -> str:
+    """`value` as one folder name, or ConfigError naming `key`: no `..`, `/`, absolute path,
+    hidden name, or character a shell or another file system would read differently."""
+    if not isinstance(value, str) or not _FOLDER_NAME.fullmatch(value) or ".." in value:
+        raise ConfigError(
+            f"{key}={value!r} names a folder of the cert run directory, so it must be one "
+            "name of letters, digits and . _ + = - (starting with a letter or digit, no '..', "
+            f"at most 200 characters); change {key}."
+        )
+    return value
+
+
 def bed_name(cfg: ZklConfig) -> str:
-    return f"{cfg.model.name}/{cfg.layout.name}/{cfg.precision.name}/kv_{cfg.kv.mode}"
+    """`model/layout/precision/kv_mode`: a path under the run directory, checked part by part."""
+    parts = [folder_name(operator.attrgetter(k)(cfg), k) for k in FOLDER_KEYS]
+    return "{}/{}/{}/kv_{}".format(*parts)
+
+
+def bed_dir(run_dir: Path, run: Run) -> Path:
+    """Where a run's metrics land; never outside `run_dir` (each part was checked in plan)."""
+    parts = [run.bed, folder_name(str(run.mode), "cert.steps"), folder_name(run.variant, "fixes")]
+    path = run_dir / "beds" / Path(*parts)
+    assert path.resolve().is_relative_to(run_dir.resolve()), path
+    return path
 
 
 def beds(cfg: ZklConfig) -> list[ZklConfig]:
@@ -80,6 +109,8 @@ def beds(cfg: ZklConfig) -> list[ZklConfig]:
                 f"cert.{axis}=[] names no {group}, so no bed would run; name at least one, "
                 f"or leave cert.{axis} null to certify your own {group}."
             )
+        for name in names or []:  # an option is a file name under conf/<group>/
+            folder_name(name, f"cert.{axis}")
         options.append([None] if names is None else list(dict.fromkeys(names)))
     out = []
     for combo in itertools.product(*options):
@@ -229,6 +260,7 @@ def plan(cfg: ZklConfig) -> list[Run]:
             "cert.ablate=true turns the fixes off one at a time, but none is on; "
             "set zero_train_gen_mismatch=true."
         )
+    environment.check(wandb_on=False)  # the beds' generators read the preemption signal
     runs: list[Run] = []
     for bed in beds(cfg):
         check(bed)
@@ -254,7 +286,7 @@ def execute(run: Run, run_dir: Path, done: list[tuple[Run, dict[str, Any]]]) -> 
         row.update(passed=False, result=f"cannot run in this mode: {run.refused}")
         return row
     try:
-        row.update(certify(run.cfg, run_dir / "beds" / run.bed / str(run.mode) / run.variant))
+        row.update(certify(run.cfg, bed_dir(run_dir, run)))
     except NonFinite as exc:  # the bed fails; the other beds still run
         row.update(passed=False, result=f"FAIL: {exc}")
         return row
@@ -277,7 +309,11 @@ def run_cert(cfg: ZklConfig, run_dir: str | Path) -> list[dict[str, Any]]:
     """Certify every bed (with cert.ablate, every fix off in turn); write and print the table."""
     run_dir = Path(run_dir)
     runs = plan(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    with run_lock.held(run_dir):  # each bed's own run directory is locked by loop.run too
+        return _run_all(runs, run_dir)
+
+
+def _run_all(runs: list[Run], run_dir: Path) -> list[dict[str, Any]]:
     done: list[tuple[Run, dict[str, Any]]] = []
     with open(run_dir / RESULTS_FILE, "w") as f:  # a row as each run ends
         for i, run in enumerate(runs, 1):

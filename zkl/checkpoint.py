@@ -30,19 +30,18 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from zkl import invariance
+from zkl import checkpoint_file, environment, invariance
 from zkl.config import ConfigError, ZklConfig
 from zkl.tracking.run_log import METRICS_FILE, TOKENS_FILE
 
 CHECKPOINT_FILE = "checkpoint.pt"
-FORMAT = 1
 # Keys a resumed run may change: none of them changes a logged number.
 MAY_CHANGE = ("resume", "rl.steps", "checkpoint.", "tracking.progress", "tracking.wandb.")
 
 
 def preempt_signal() -> signal.Signals:
     """The signal submitit turns into checkpoint-and-requeue (`SUBMITIT_PREEMPT_SIGNAL`)."""
-    return getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))
+    return environment.preempt_signal()
 
 
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -84,26 +83,113 @@ def _check_engine_state_free(cfg: ZklConfig) -> None:
         )
 
 
-def _truncate_jsonl(path: Path, next_step: int) -> list[int]:
-    """Keep the complete records of steps before `next_step`; return their steps."""
-    if not path.exists():
-        return []
-    kept, steps = [], []
-    for line in path.read_text().splitlines(keepends=True):
-        if not line.endswith("\n"):
-            break  # a record cut by a kill
+@dataclass
+class LogScan:
+    """What a resume keeps of a .jsonl log: the complete lines of steps before its checkpoint."""
+
+    path: Path
+    kept: list[tuple[int, str]]  # (step, line), in file order
+    changed: bool  # some line is dropped: the file is rewritten
+    notes: list[str]  # what was dropped, for the one line a resume prints
+    damaged: list[int]  # line numbers that are not a row with a step
+
+    def steps(self) -> set[int]:
+        return {step for step, _ in self.kept}
+
+    def write(self) -> None:
+        if not self.changed:
+            return
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(line for _, line in self.kept))
+        os.replace(tmp, self.path)
+        print(f"zkl: {self.path}: dropped {', '.join(self.notes)}", file=sys.stderr)
+
+
+def _step_of(line: str) -> int | None:
+    try:
         record = json.loads(line)
-        if record["step"] < next_step:
-            kept.append(line)
-            steps.append(record["step"])
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(kept))
-    os.replace(tmp, path)
-    return steps
+    except ValueError:
+        return None
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if type(step) is int and step >= 0 else None
+
+
+def scan_jsonl(path: Path, next_step: int, one_per_step: bool) -> LogScan:
+    """Read `path` without trusting it: blank, torn, non-JSON and step-less lines are dropped,
+    so are exact repeats and steps from `next_step` on. Two different rows for one step of a
+    one-row-per-step log (two writers) are a ConfigError: which one is true is unknown."""
+    text = path.read_bytes().decode("utf-8", "replace") if path.is_file() else ""
+    lines = text.split("\n")
+    torn = lines.pop()  # "" when the file ends with a newline
+    kept: list[tuple[int, str]] = []
+    seen: dict[int, tuple[int, str]] = {}
+    lines_seen: set[str] = set()
+    blank = repeats = later = 0
+    damaged: list[int] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            blank += 1
+            continue
+        step = _step_of(line)
+        if step is None:
+            damaged.append(number)
+        elif step >= next_step:
+            later += 1
+        elif line in lines_seen:
+            repeats += 1
+        elif one_per_step and step in seen:
+            raise ConfigError(
+                f"{path} holds two different rows for step {step} (lines {seen[step][0]} and "
+                f"{number}), as when two runs wrote one directory; start afresh in another "
+                "hydra.run.dir."
+            )
+        else:
+            lines_seen.add(line)
+            seen[step] = (number, line)
+            kept.append((step, line + "\n"))
+    counts = [
+        (blank, "blank line"),
+        (repeats, "repeated row"),
+        (later, f"row of step {next_step} or later"),
+    ]
+    notes = [f"{n} {what}{'s' if n > 1 else ''}" for n, what in counts if n]
+    if damaged:
+        notes.append(f"line{'s' if len(damaged) > 1 else ''} {_numbers(damaged)} (not a row)")
+    if torn:
+        notes.append("a torn last line")
+    return LogScan(path, kept, bool(notes), notes, damaged)
+
+
+def _numbers(numbers: list[int]) -> str:
+    shown = ", ".join(map(str, numbers[:5]))
+    return shown + (f" and {len(numbers) - 5} more" if len(numbers) > 5 else "")
+
+
+def trim_logs(run_dir: Path, next_step: int) -> None:
+    """Cut metrics.jsonl and tokens.jsonl back to the steps before `next_step`, or refuse.
+
+    A step's metrics row is its commit record (zkl/tracking/run_log.py writes the token
+    records first), so token records of a step without a row are dropped. A step before
+    `next_step` without a complete row is refused: the checkpoint's history is not on disk.
+    """
+    metrics = scan_jsonl(run_dir / METRICS_FILE, next_step, one_per_step=True)
+    absent = sorted(set(range(next_step)) - metrics.steps())
+    if absent:
+        why = f" (line {_numbers(metrics.damaged)} is not a row)" if metrics.damaged else ""
+        raise ConfigError(
+            f"{metrics.path} has no complete row for step {absent[0]}{why}, but "
+            f"{run_dir / CHECKPOINT_FILE} is at step {next_step}; delete the checkpoint to "
+            "rerun from step 0 with resume=true, or start afresh in another hydra.run.dir."
+        )
+    tokens = scan_jsonl(run_dir / TOKENS_FILE, next_step, one_per_step=False)
+    metrics.kept.sort(key=lambda kept: kept[0])  # stable: file order within a step
+    metrics.changed |= [s for s, _ in metrics.kept] != sorted(s for s, _ in metrics.kept)
+    metrics.write()
+    tokens.write()
 
 
 def requeued_by_slurm() -> bool:
-    return int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0
+    return environment.restart_count() > 0
 
 
 @dataclass
@@ -148,8 +234,8 @@ def prepare(cfg: ZklConfig, run_dir: str | Path) -> Resume:
         )
     in_submitit = bool(os.environ.get("SUBMITIT_EXECUTOR"))
     maybe_resume = cfg.resume or in_submitit or requeued_by_slurm()
-    load = maybe_resume and path.exists()  # tensors land on the CPU, then copy to the device
-    state = torch.load(path, map_location="cpu", weights_only=True) if load else None
+    load = maybe_resume and os.path.lexists(path)  # tensors land on the CPU, then the device
+    state = checkpoint_file.read(path, cfg.rl.steps) if load else None
     restarted = requeued_by_slurm() or (in_submitit and state is not None and state["requeue"])
     if not (cfg.resume or restarted):
         metrics = run_dir / METRICS_FILE
@@ -162,18 +248,12 @@ def prepare(cfg: ZklConfig, run_dir: str | Path) -> Resume:
         return Resume()
     if state is None:
         print(f"zkl: no {CHECKPOINT_FILE} in {run_dir}: starting from step 0", file=sys.stderr)
-        for name in (METRICS_FILE, TOKENS_FILE):
-            _truncate_jsonl(run_dir / name, 0)
+        trim_logs(run_dir, 0)
         return Resume()
-    if state["format"] != FORMAT:
-        raise ConfigError(f"{path} has checkpoint format {state['format']}, not {FORMAT}.")
     _check_same_config(cfg, state["config"])
     _check_engine_state_free(cfg)
     step = state["step"]
-    logged = _truncate_jsonl(run_dir / METRICS_FILE, step)
-    _truncate_jsonl(run_dir / TOKENS_FILE, step)
-    if logged != list(range(step)):
-        raise RuntimeError(f"{run_dir / METRICS_FILE} lacks steps of the checkpoint at {step}")
+    trim_logs(run_dir, step)
     print(f"zkl: resuming {run_dir} from step {step}", file=sys.stderr)
     return Resume(step, state, state["wandb_id"])
 
@@ -183,6 +263,15 @@ def checkpoint_bytes(cfg: ZklConfig) -> int:
     from zkl.memory import param_count
 
     return 14 * param_count(cfg.model)
+
+
+def size_text(num_bytes: float) -> str:
+    """`num_bytes` in the largest unit that keeps it at 1 or more: 512 B, 3.4 MB, 1.2 TB."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(num_bytes) < 1000 or unit == "TB":
+            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
+        num_bytes /= 1000
+    raise AssertionError
 
 
 def _check_disk(cfg: ZklConfig, run_dir: Path) -> None:
@@ -200,21 +289,20 @@ def _check_disk(cfg: ZklConfig, run_dir: Path) -> None:
     free = shutil.disk_usage(probe).free
     if need > free:
         raise ConfigError(
-            f"the checkpoints of this run need about {need / 1e9:.1f} GB but {probe} has "
-            f"{free / 1e9:.1f} GB free; set checkpoint.save=false, or choose a "
+            f"the checkpoints of this run need about {size_text(need)} but {probe} has "
+            f"{size_text(free)} free; set checkpoint.save=false, or choose a "
             "hydra.run.dir on a larger disk."
         )
 
 
 def save(run_dir: str | Path, cfg: ZklConfig, policy, next_step: int, log, requeue: bool) -> None:
-    """Write the state before `next_step` atomically: a temporary file, fsync, rename."""
+    """Write the state before `next_step` atomically, with its digest (zkl/checkpoint_file.py)."""
     rng = {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
     }
     state = {
-        "format": FORMAT,
         "step": next_step,
         "policy": policy.state_dict(),
         "rng": rng,
@@ -222,13 +310,7 @@ def save(run_dir: str | Path, cfg: ZklConfig, policy, next_step: int, log, reque
         "config": config_dict(cfg),
         "requeue": requeue,
     }
-    path = Path(run_dir) / CHECKPOINT_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    checkpoint_file.write(Path(run_dir) / CHECKPOINT_FILE, state)
 
 
 class StopSignals:

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
+import stat
 import sys
 from pathlib import Path
 
@@ -19,7 +22,12 @@ import torch
 from zkl.errors import ConfigError
 from zkl.memory import param_count
 from zkl.models.config import ModelConfig
-from zkl.models.hf_checkpoint import _safetensors_files, map_state_dict, model_config_from_hf
+from zkl.models.hf_checkpoint import (
+    INDEX_FILE,
+    _safetensors_files,
+    map_state_dict,
+    model_config_from_hf,
+)
 
 # config.json must agree with the model config on these (max_position_embeddings may be lower)
 ARCH_KEYS = (
@@ -58,32 +66,106 @@ DTYPES = {
     "BOOL": torch.bool,
 }
 MAX_HEADER_BYTES = 100 * 2**20  # the safetensors format's own limit
+MAX_JSON_BYTES = 64 * 2**20  # config.json and the shard index are a few kB
+MAX_JSON_DEPTH = 64  # a safetensors header nests 3 deep, a config.json a handful
+_JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.S)
+_BRACKETS = bytes.maketrans(b"[{]}", b"(())")
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+
+
+def regular_file(file: Path) -> None:
+    """ValueError unless `file` is a regular file: a FIFO or device would block the reader."""
+    try:
+        mode = os.stat(file).st_mode
+    except OSError as err:
+        raise ValueError(f"{file.name} cannot be read ({err.strerror or err}).") from None
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{file.name} is not a regular file.")
+
+
+def nests_deeper(data: bytes, limit: int) -> bool:
+    """Whether the JSON text `data` nests arrays/objects more than `limit` deep; no recursion.
+
+    Strings are cut out, the brackets kept; each pass drops the innermost pairs, so more
+    than `limit` passes (or more unclosed openers) is deeper than `limit`.
+    """
+    brackets = _JSON_STRING.sub(b"", data).translate(_BRACKETS, _NOT_BRACKETS)
+    for _ in range(limit):
+        shorter = brackets.replace(b"()", b"")
+        if shorter == brackets:
+            return brackets.count(b"(") > limit
+        brackets = shorter
+    return b"(" in brackets
+
+
+def read_json(file: Path, what: str) -> object:
+    """`file` parsed, after the checks that keep the parser from hanging or recursing."""
+    regular_file(file)
+    if file.stat().st_size > MAX_JSON_BYTES:
+        raise ValueError(f"{what} is larger than {MAX_JSON_BYTES >> 20} MiB.")
+    data = file.read_bytes()
+    if nests_deeper(data, MAX_JSON_DEPTH):
+        raise ValueError(f"{what} nests deeper than {MAX_JSON_DEPTH} levels.")
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        detail = f"{err.msg}, line {err.lineno}" if isinstance(err, json.JSONDecodeError) else err
+        raise ValueError(f"{what} is not JSON ({detail}).") from None
+
+
 REAL_MODEL_PARAMS = 100_000_000  # a model this large without a checkpoint gets a warning
 
 
+def _offsets(info: object) -> tuple[int, int] | None:
+    offsets = info.get("data_offsets") if isinstance(info, dict) else None
+    if not (isinstance(offsets, list) and len(offsets) == 2):
+        return None
+    if not all(type(x) is int for x in offsets):
+        return None
+    return offsets[0], offsets[1]
+
+
 def read_header(file: Path) -> dict[str, tuple[str, list[int]]]:
-    """name -> (dtype, shape) from a safetensors header; ValueError if corrupt or truncated."""
+    """name -> (dtype, shape) from a safetensors header; ValueError if corrupt or truncated.
+
+    As safetensors itself requires when it loads: every entry well-typed, the tensors'
+    byte ranges in bounds, not overlapping and with no gap, covering the data exactly, and
+    `__metadata__` a str -> str map. Here they fail before any model is built.
+    """
+    regular_file(file)
     size = file.stat().st_size
     with open(file, "rb") as f:
         head = f.read(8)
         length = int.from_bytes(head, "little") if len(head) == 8 else -1
         if not 0 < length <= min(MAX_HEADER_BYTES, size - 8):
             raise ValueError(f"{file.name} is not a safetensors file or is truncated (no header).")
-        try:
-            header = json.loads(f.read(length))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            header = None
+        raw = f.read(length)
+    if nests_deeper(raw, MAX_JSON_DEPTH):
+        raise ValueError(f"{file.name} has a safetensors header nested too deep.")
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        header = None
     if not isinstance(header, dict):
         raise ValueError(f"{file.name} has a corrupt safetensors header.")
+    metadata = header.get("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise ValueError(f"{file.name} has a __metadata__ that is not a map of strings.")
     data_bytes = size - 8 - length
-    out = {}
+    out, ranges = {}, []
     for name, info in header.items():
         if name == "__metadata__":
             continue
+        offsets = _offsets(info)
         try:
-            dtype, shape, (begin, end) = info["dtype"], list(info["shape"]), info["data_offsets"]
-            nbytes = math.prod(shape) * DTYPES[dtype].itemsize
-            consistent = begin >= 0 and end - begin == nbytes and min(shape, default=0) >= 0
+            dtype, shape = info["dtype"], list(info["shape"])
+            consistent = offsets is not None and all(type(d) is int and d >= 0 for d in shape)
+            if consistent:
+                begin, end = offsets
+                nbytes = math.prod(shape) * DTYPES[dtype].itemsize
+                consistent = begin >= 0 and end - begin == nbytes
         except (TypeError, KeyError, ValueError):
             consistent = False
         if not consistent:
@@ -93,7 +175,23 @@ def read_header(file: Path) -> dict[str, tuple[str, list[int]]]:
                 f"{file.name} is truncated: tensor {name!r} ends at byte {end} of the data, "
                 f"the file holds {data_bytes}."
             )
+        ranges.append((begin, end, name))
         out[name] = (dtype, shape)
+    position, previous = 0, None
+    for begin, end, name in sorted(ranges):
+        if begin != position:
+            where = f"after {previous!r}" if previous else "at the start of the data"
+            what = "overlaps the tensor before it" if begin < position else "leaves a gap"
+            raise ValueError(
+                f"{file.name}: the bytes of tensor {name!r} {what} ({where}, byte {begin} "
+                f"instead of {position}); the header's data_offsets are corrupt."
+            )
+        position, previous = end, name
+    if position != data_bytes:
+        raise ValueError(
+            f"{file.name} holds {data_bytes - position} bytes after its last tensor; the "
+            "header's data_offsets are corrupt."
+        )
     return out
 
 
@@ -115,6 +213,14 @@ def check_checkpoint(model: ModelConfig) -> None:
         raise ConfigError(f"{key} does not exist.")
     if not path.is_dir():
         raise ConfigError(f"{key} is not a directory with config.json and *.safetensors files.")
+    try:
+        for name, what in (("config.json", "config.json"), (INDEX_FILE, INDEX_FILE)):
+            if os.path.lexists(path / name):  # the loader reads them with no such checks
+                read_json(path / name, what)
+        for file in path.glob("*.safetensors"):
+            regular_file(file)
+    except ValueError as err:
+        raise ConfigError(f"{key}: {err}") from None
     try:
         theirs = model_config_from_hf(path, name=model.name)
     except json.JSONDecodeError as err:

@@ -16,9 +16,11 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -42,10 +44,28 @@ STDERR_FILE = "generator_stderr.log"
 _DTYPES = {str(d): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.int64)}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _rendezvous_file() -> str:
+    """A fresh file for the two ranks' FileStore, in a directory only this user can enter.
+
+    torch's TCPStore binds every interface whatever host it is given, and has no
+    authentication: on a shared node anyone could reach it for the run's whole lifetime. A
+    FileStore opens no socket. Local temporary storage, not the run directory: a FileStore
+    locks its file, which network file systems do unreliably.
+    """
+    return os.path.join(tempfile.mkdtemp(prefix="zkl-rendezvous-"), "store")
+
+
+def loopback_only() -> None:
+    """Gloo's and NCCL's own sockets on the loopback interface: both ranks share one host.
+
+    Gloo binds the address the host name resolves to, NCCL's bootstrap the first non-loopback
+    interface; a value the user set is kept (docs/gpu.md says what NCCL listens on).
+    """
+    names = [name for _, name in socket.if_nameindex()]
+    loopback = "lo" if "lo" in names else next((n for n in names if n.startswith("lo")), None)
+    if loopback is not None:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
 
 
 def pack(state: dict[str, torch.Tensor]) -> tuple[list[tuple[str, str, list[int]]], torch.Tensor]:
@@ -82,15 +102,16 @@ def transport(cfg) -> str:
     return "cuda_ipc" if resolve_device(cfg.device).type == "cuda" else "gloo"
 
 
-def _init_group(cfg, port: int, rank: int) -> None:
+def _init_group(cfg, store_file: str, rank: int) -> None:
     """The two-rank group of a broadcast transport; rank 0 the trainer, rank 1 the generator."""
     kind = transport(cfg)
     device = resolve_device(cfg.device) if rank == 0 else generator_device(cfg)
     if kind == "nccl":
         torch.cuda.set_device(device)
+    loopback_only()
     dist.init_process_group(
         kind,
-        init_method=f"tcp://127.0.0.1:{port}",
+        store=dist.FileStore(store_file, 2),
         rank=rank,
         world_size=2,
         timeout=timedelta(seconds=cfg.layout.timeout_s),
@@ -124,12 +145,12 @@ class DedicatedGenerator:
         self.timeout = cfg.layout.timeout_s
         self.transport = transport(cfg)
         self.stderr_path = Path(run_dir) / STDERR_FILE if run_dir is not None else None
-        port = _free_port()
+        self.store_file = _rendezvous_file()
         ctx = mp.get_context("spawn")
         self.conn, child_conn = ctx.Pipe()
         threads = torch.get_num_threads()
         stderr = str(self.stderr_path) if self.stderr_path else None
-        args = (cfg, invariance.active(), eos_id, port, child_conn, threads, stderr)
+        args = (cfg, invariance.active(), eos_id, self.store_file, child_conn, threads, stderr)
         self.proc = ctx.Process(target=_worker, args=args, daemon=True)
         self._busy = True  # a request is out: close() kills instead of asking to stop
         with _sigint_ignored():  # the child starts with Ctrl-C ignored: the parent stops it
@@ -138,7 +159,9 @@ class DedicatedGenerator:
         try:
             self._expect("alive")
             if self.transport in BROADCAST:
-                self._watch("the rendezvous with", lambda: _init_group(cfg, port, rank=0))
+                self._watch(
+                    "the rendezvous with", lambda: _init_group(cfg, self.store_file, rank=0)
+                )
             self._expect("ready")
         except BaseException:
             self.close()  # nobody else holds this half-built generator
@@ -261,6 +284,7 @@ class DedicatedGenerator:
             self.proc.join(timeout=5)
         self.conn.close()
         _abort_group()
+        shutil.rmtree(os.path.dirname(self.store_file), ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -276,7 +300,7 @@ def _sigint_ignored():
         signal.signal(signal.SIGINT, old)
 
 
-def _worker(cfg, fixes, eos_id: int, port: int, conn, threads: int, stderr: str | None) -> None:
+def _worker(cfg, fixes, eos_id: int, store: str, conn, threads: int, stderr: str | None) -> None:
     """The generation process: build the engine, then serve refit / generate until stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     if stderr is not None:
@@ -295,7 +319,7 @@ def _worker(cfg, fixes, eos_id: int, port: int, conn, threads: int, stderr: str 
             torch.cuda.set_device(own)
         device = own if kind == "nccl" else torch.device("cpu")  # where broadcasts land
         if kind in BROADCAST:
-            _init_group(cfg, port, rank=1)
+            _init_group(cfg, store, rank=1)
         with invariance.enabled(fixes):
             engine = build_engine(cfg, build_generation_model(cfg), eos_id)
             conn.send(("ready",))

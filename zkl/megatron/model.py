@@ -14,7 +14,6 @@ Imports megatron-core (Python >= 3.12).
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import torch
@@ -35,12 +34,6 @@ from zkl.precision import DTYPES, keeps_fp32
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def ensure_parallel_state(device: torch.device, seed: int) -> None:
     """Megatron's process groups for one process (TP = PP = EP = 1), created once.
 
@@ -48,12 +41,10 @@ def ensure_parallel_state(device: torch.device, seed: int) -> None:
     it; megatron's groups are then built over it with every size 1.
     """
     if not dist.is_initialized():
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{_free_port()}",
-            rank=0,
-            world_size=1,
-        )
+        from zkl.layouts.dedicated import loopback_only
+
+        loopback_only()  # one rank: an in-memory store, no TCPStore on every interface
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
     if device.type == "cuda":

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from zkl import checkpoint, invariance
+from zkl import checkpoint, environment, invariance, run_lock
 from zkl.config import ZklConfig, validate
 from zkl.errors import NonFinite
 from zkl.generation.engine import Completion, Request
@@ -102,10 +102,18 @@ def run(cfg: ZklConfig, run_dir: str | Path, progress: bool | None = None) -> li
     """Run `cfg.rl.steps` GRPO steps; return the metric rows (also in run_dir/metrics.jsonl).
 
     A resumed run (zkl/checkpoint.py) starts at its checkpoint's step; the rows returned
-    include the earlier steps' rows, read back from metrics.jsonl.
+    include the earlier steps' rows, read back from metrics.jsonl. Once the config is
+    checked, the run holds the run directory's lock (zkl/run_lock.py) before it reads or
+    writes anything there.
     """
     task = build_task(cfg.task, cfg.model.vocab_size)
     validate_run(cfg, task)
+    environment.check(wandb_on=cfg.tracking.wandb.mode != "disabled")
+    with run_lock.held(run_dir):
+        return _run(cfg, task, run_dir, progress)
+
+
+def _run(cfg: ZklConfig, task, run_dir: str | Path, progress: bool | None) -> list[dict[str, Any]]:
     resume = checkpoint.prepare(cfg, run_dir)
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
@@ -187,8 +195,8 @@ def train_step(cfg: ZklConfig, task, policy: Policy, generator, step: int, log: 
     )
     if policy.device.type == "cuda":
         row["perf/peak_gpu_mem_gb"] = torch.cuda.max_memory_allocated(policy.device) / 2**30
-    log.log(step, row)
-    log.log_tokens(token_records(step, completions, lp_train, rewards, cfg.tracking.dump_tokens))
+    records = token_records(step, completions, lp_train, rewards, cfg.tracking.dump_tokens)
+    log.log(step, row, records)  # the records first, the row as the step's commit
     check_finite(cfg, step, lp_gen, lp_train_flat, row)
     return row
 

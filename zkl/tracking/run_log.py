@@ -135,9 +135,23 @@ class RunLog:
                 ) from None
             raise
 
-    def log(self, step: int, row: dict[str, Any]) -> None:
+    def log(self, step: int, row: dict[str, Any], tokens: list[dict[str, Any]] = ()) -> None:
+        """A step's token records, then its metrics row: the row commits the step.
+
+        The records are on disk (fsync) before the row goes out, and cut back when the row
+        cannot be written, so a step is either logged with its token records or not at all.
+        A kill between the two leaves records without a row, which a resume drops.
+        """
         row = {"step": step, **row}
-        self._append(self._metrics, METRICS_FILE, json.dumps(row) + "\n", sync=True)
+        start = os.lseek(self._tokens, 0, os.SEEK_END)
+        if tokens:
+            self.log_tokens(tokens, sync=True)
+        try:
+            self._append(self._metrics, METRICS_FILE, json.dumps(row) + "\n", sync=True)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._tokens, start)
+            raise
         self._to_wandb(row)
 
     def replay_to_wandb(self, rows: list[dict[str, Any]]) -> None:
@@ -160,9 +174,9 @@ class RunLog:
         print(f"zkl: W&B stopped ({type(err).__name__}); metrics.jsonl goes on", file=sys.stderr)
         self._wandb = None
 
-    def log_tokens(self, records: list[dict[str, Any]]) -> None:
+    def log_tokens(self, records: list[dict[str, Any]], sync: bool = False) -> None:
         text = "".join(json.dumps(record) + "\n" for record in records)
-        self._append(self._tokens, TOKENS_FILE, text, sync=False)
+        self._append(self._tokens, TOKENS_FILE, text, sync=sync)
 
     def close(self) -> None:
         while self._fds:

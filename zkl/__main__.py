@@ -7,7 +7,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from zkl.cli import guarded
+from zkl.cli import guarded, hydra_entry
 from zkl.config import CONF_DIR, to_object
 from zkl.tracking.errors import clear_error, record_error
 
@@ -37,4 +37,4 @@ def experiment(dcfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    hydra_entry("zkl", main)

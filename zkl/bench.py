@@ -26,7 +26,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from zkl import invariance
-from zkl.cli import guarded
+from zkl.cli import guarded, hydra_entry
 from zkl.config import CONF_DIR, ZklConfig, to_object
 from zkl.layouts import build_engine, build_generator, refit_payload
 from zkl.precision import DTYPES
@@ -169,4 +169,4 @@ def bench(dcfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    hydra_entry("zkl.bench", main)

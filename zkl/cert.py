@@ -41,7 +41,7 @@ from omegaconf import DictConfig
 
 from zkl import ablation, invariance
 from zkl.ablation import Mode
-from zkl.cli import guarded
+from zkl.cli import guarded, hydra_entry
 from zkl.config import CONF_DIR, ZklConfig, to_object, validate, with_group_option
 from zkl.device import resolve_device
 from zkl.errors import ConfigError, NonFinite
@@ -356,4 +356,4 @@ def certify_all(dcfg: DictConfig) -> int:
 
 
 if __name__ == "__main__":
-    main()
+    hydra_entry("zkl.cert", main)

@@ -355,5 +355,18 @@ def certify_all(dcfg: DictConfig) -> int:
     return 0 if all(r["passed"] for r in certified) else 1
 
 
+def list_fixes() -> str:
+    """The registry (zkl/invariance.py): each fix's name, cause and remedy, and its key."""
+    blocks = [f"{len(invariance.FIXES)} fixes; fixes.<name>=false turns one off:"]
+    for fix in invariance.FIXES.values():
+        blocks.append(
+            f"{fix.name}\n  cause: {fix.cause}\n  fix:   {fix.remedy}\n  test:  {fix.test}"
+        )
+    return "\n".join(blocks)
+
+
 if __name__ == "__main__":
+    if "--list-fixes" in sys.argv[1:]:
+        print(list_fixes())
+        sys.exit(0)
     hydra_entry("zkl.cert", main)

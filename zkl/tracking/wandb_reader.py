@@ -320,6 +320,8 @@ def read_run_info(path: str | Path, *, allow_truncated: bool = False) -> dict[st
 
 def summarize(path: str | Path) -> str:
     """What `python -m zkl.tracking.wandb_reader DIR` prints: the run, its steps, last values."""
+    if not Path(path).exists():
+        raise ValueError(f"{path} does not exist; pass a run directory or a .wandb file")
     run_file = _resolve(path)
     info = read_run_info(run_file, allow_truncated=True)
     history = read_history(run_file, allow_truncated=True)

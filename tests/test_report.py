@@ -19,7 +19,7 @@ from zkl.config import ConfigError
 from zkl.report import page, wandb_report
 from zkl.report.__main__ import main
 from zkl.report.runs import discover, sweep_axes
-from zkl.report.tables import ablation
+from zkl.report.tables import ablation, md_escape
 from zkl.tracking.errors import record_error
 from zkl.tracking.run_log import RunLog
 
@@ -81,8 +81,9 @@ def test_tables_match_the_runs_files(sweep):
     assert [r["run"][0] for r in tables["failed"]] == ["3", "4"]
     assert tables["bench"][0]["gen tok/s zero"][1] == 900.0
     md = (sweep / "report.md").read_text()
-    assert BAD in md and "### Runs" in md and "### Throughput" in md
-    assert "| 2 | tiny_moe | 6 | 0 | -logprob_path | complete | 3 | 4e-05 | 4e-05 | 5e-05 |" in md
+    assert md_escape(BAD) in md and "### Runs" in md and "### Throughput" in md
+    row = "| 2 | tiny\\_moe | 6 | 0 | -logprob\\_path | complete | 3 | 4e-05 | 4e-05 | 5e-05 |"
+    assert row in md
 
 
 def test_zero_band_keeps_every_zero(sweep):
@@ -139,7 +140,7 @@ def test_wandb_report_spec(sweep):
     kl_plot = grid.panels[0]
     assert kl_plot.y == [KL] and kl_plot.log_y is True and kl_plot.x == "Step"
     markdown = next(b for b in report.blocks if type(b).__name__ == "MarkdownBlock").text
-    assert BAD in markdown
+    assert md_escape(BAD) in markdown
 
 
 def _png_size(path: Path) -> tuple[int, int, int]:

@@ -8,7 +8,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from zkl import run_lock
-from zkl.cli import guarded
+from zkl.cli import guarded, hydra_entry
 from zkl.config import CONF_DIR, to_object
 from zkl.tracking.errors import clear_error, record_error
 
@@ -40,4 +40,4 @@ def experiment(dcfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    hydra_entry("zkl", main)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from zkl import invariance
-from zkl.cli import guarded
+from zkl.cli import guarded, hydra_entry
 from zkl.config import CONF_DIR, ZklConfig, to_object
 from zkl.layouts import build_engine, build_generator, refit_payload
 from zkl.precision import DTYPES
@@ -96,6 +97,7 @@ def measure_refit(cfg: ZklConfig, policy: Policy, eos_id: int) -> dict[str, floa
 def run_bench(cfg: ZklConfig, run_dir: str | Path) -> dict[str, float]:
     task = build_task(cfg.task, cfg.model.vocab_size)
     validate_run(cfg, task)
+    say(f"building {cfg.model.name} on {cfg.device}; results go to {Path(run_dir) / 'bench.json'}")
     policy = Policy(cfg)
     hybrid = getattr(policy.model, "num_mamba_layers", 0) > 0
     # A hybrid's figure of merit is its decode with the Mamba fix on vs off (below, on any
@@ -112,10 +114,12 @@ def run_bench(cfg: ZklConfig, run_dir: str | Path) -> dict[str, float]:
     if hybrid:
         modes["zero_without_mamba_fix"] = modes["zero"] - {"mamba_chunked_decode"}
     samples: dict[str, list[tuple[float, float, float]]] = {m: [] for m in modes}
+    say(f"{len(requests)} requests; a warm-up, then {REPEATS} rounds of {', '.join(modes)}")
     measure(cfg, modes["zero"], policy, requests)  # warm-up
-    for _ in range(REPEATS):
+    for repeat in range(REPEATS):
         for mode, fixes in modes.items():
             samples[mode].append(measure(cfg, fixes, policy, requests))
+        say(f"round {repeat + 1}/{REPEATS} done")
     result = {"threads": torch.get_num_threads(), "requests": len(requests)}
     for mode in modes:
         result[f"{mode}/gen_tokens_per_s"] = statistics.median(s[0] for s in samples[mode])
@@ -134,12 +138,19 @@ def run_bench(cfg: ZklConfig, run_dir: str | Path) -> dict[str, float]:
     return _write(result, run_dir)
 
 
+def say(message: str) -> None:
+    """Progress on stderr: a benchmark is minutes of silence otherwise."""
+    print(f"zkl.bench: {message}", file=sys.stderr, flush=True)
+
+
 def _write(result: dict, run_dir: str | Path) -> dict:
-    """bench.json in the run directory, and one line per figure on stdout."""
+    """bench.json in the run directory, one line per figure on stdout, then where it went."""
+    path = Path(run_dir) / "bench.json"
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    (Path(run_dir) / "bench.json").write_text(json.dumps(result, indent=1))
+    path.write_text(json.dumps(result, indent=1))
     for key, value in result.items():
         print(f"{key:36} {value:.4g}" if isinstance(value, float) else f"{key:36} {value}")
+    print(f"results: {path}")
     return result
 
 
@@ -156,6 +167,7 @@ def run_cuda(model: torch.nn.Module, run_dir: str | Path) -> dict:
     result = bench_cuda.run_cuda_bench(model, checkpoint=save)
     save(result)
     print(bench_cuda.format_table(result))
+    print(f"results: {run_dir / 'bench.json'}")
     for mode, fixes in bench_cuda.MODES.items():
         table = bench_cuda.profile_decode_step(model, 64, fixes)
         (run_dir / f"profile_decode_b64_{mode}.txt").write_text(table)
@@ -189,4 +201,4 @@ def bench(dcfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    hydra_entry("zkl.bench", main)

@@ -43,7 +43,7 @@ from omegaconf import DictConfig
 
 from zkl import ablation, environment, invariance, run_lock
 from zkl.ablation import Mode
-from zkl.cli import guarded
+from zkl.cli import guarded, hydra_entry
 from zkl.config import CONF_DIR, ZklConfig, to_object, validate, with_group_option
 from zkl.device import resolve_device
 from zkl.errors import ConfigError, NonFinite
@@ -391,5 +391,18 @@ def certify_all(dcfg: DictConfig) -> int:
     return 0 if all(r["passed"] for r in certified) else 1
 
 
+def list_fixes() -> str:
+    """The registry (zkl/invariance.py): each fix's name, cause and remedy, and its key."""
+    blocks = [f"{len(invariance.FIXES)} fixes; fixes.<name>=false turns one off:"]
+    for fix in invariance.FIXES.values():
+        blocks.append(
+            f"{fix.name}\n  cause: {fix.cause}\n  fix:   {fix.remedy}\n  test:  {fix.test}"
+        )
+    return "\n".join(blocks)
+
+
 if __name__ == "__main__":
-    main()
+    if "--list-fixes" in sys.argv[1:]:
+        print(list_fixes())
+        sys.exit(0)
+    hydra_entry("zkl.cert", main)

@@ -16,6 +16,7 @@ after such a signal) resumes by itself; by hand it is `python -m zkl ... resume=
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -319,6 +320,8 @@ class StopSignals:
     def __init__(self) -> None:
         self.received: list[int] = []
         self.previous: dict[int, Any] = {}
+        self.refused: Exception | None = None  # why the launcher's handler did not requeue
+        self.refused_at = 0  # the next step when it did not
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():  # handlers live there only
@@ -350,8 +353,20 @@ class StopSignals:
                 # instead, the attempt was seen as FAILED in a race with the requeue, and the
                 # launcher gave the run up.
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            handler(sig, None)
+            try:
+                handler(sig, None)
+            except Exception as err:  # submitit gave up: too many time-outs, not requeued
+                self.refused = err
+                raise
         raise SystemExit(128 + sig)
+
+
+def _teardown_wandb() -> None:
+    """Stop the W&B service before Slurm's requeue SIGTERM kills it mid-connection."""
+    wandb = sys.modules.get("wandb")
+    if wandb is not None:
+        with contextlib.suppress(Exception):  # the service may be gone; the run is saved
+            wandb.teardown()
 
 
 class Saver:
@@ -367,6 +382,14 @@ class Saver:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.signals.__exit__()
+        if self.signals.refused is not None:
+            from zkl.errors import RunFault
+            from zkl.requeue import cap_reached
+
+            next_step = self.signals.refused_at
+            raise RunFault(
+                cap_reached(self.signals.refused, str(self.run_dir), next_step, self.cfg.rl.steps)
+            ) from None
         if self.signals.received and exc_type is not None and issubclass(exc_type, Exception):
             # The run was being stopped (Slurm signals every process of the job, and the
             # generator's or W&B's may die first): exit as stopped, not as failed, so that
@@ -383,4 +406,7 @@ class Saver:
             requeue = stop and self.signals.preempted
             save(self.run_dir, self.cfg, self.policy, step + 1, self.log, requeue)
         if stop:
+            self.log.close()  # W&B finished before a requeue, not torn down under it
+            _teardown_wandb()
+            self.signals.refused_at = step + 1
             self.signals.act()

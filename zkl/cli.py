@@ -30,12 +30,70 @@ def _in_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
+class JobFailed(RuntimeError):
+    """A multirun job's failure, its sentence already printed; the sweep goes on without it."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 def _fail(prog: str, message: str, code: int) -> None:
     """One line and an exit code; inside a multirun, fail this job alone (the sweep goes on)."""
     print(f"{prog}: {message}", file=sys.stderr)
     if _in_multirun():
-        raise RuntimeError(f"{prog}: {message}") from None
+        raise JobFailed(f"{prog}: {message}", code) from None
     sys.exit(code)
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
+
+
+def hydra_entry(prog: str, hydra_main: Callable[[], None]) -> None:
+    """Run a `@hydra.main` function with Hydra's own errors as one sentence each.
+
+    The command line is checked first (`zkl.overrides.preflight`: unknown keys and group
+    options, with the nearest valid one), `--help` prints zkl's help (`zkl.help`), and an
+    error Hydra still raises (a bad config dir, a failed multirun job) ends in one line.
+    """
+    from hydra._internal.utils import get_args_parser
+
+    from zkl import overrides
+
+    argv = sys.argv[1:]
+    args, _ = get_args_parser().parse_known_args(argv)
+    if args.help:
+        from zkl.help import help_text
+
+        print(help_text(prog))
+        sys.exit(0)
+    sys.argv[1:] = overrides.normalize(argv)
+    try:
+        overrides.preflight(overrides.normalize(args.overrides), args.config_dir)
+    except ConfigError as err:
+        _fail(prog, str(err), 2)
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises, this function says it in one line
+    try:
+        hydra_main()
+    except JobFailed as err:  # its sentence went out as the job failed
+        sys.exit(err.code)
+    except Exception as err:
+        name = type(err).__name__
+        module = type(err).__module__
+        if module.startswith(("hydra", "omegaconf")):
+            cause = f" ({_first_line(err.__cause__)})" if err.__cause__ is not None else ""
+            print(f"{prog}: {_first_line(err)}{cause}", file=sys.stderr)
+            sys.exit(2)
+        if name in ("FailedJobError", "UncompletedJobError"):  # submitit: a launched job failed
+            print(
+                f"{prog}: a launched job failed: {_first_line(err)} (its run directory's "
+                "error.txt says why).",
+                file=sys.stderr,
+            )
+            sys.exit(1)
+        raise
 
 
 def guarded(prog: str, body: Callable[[], int | None]) -> None:
@@ -86,3 +144,18 @@ class RunDirCheck(Callback):
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         self._check(str(config.hydra.sweep.dir), "hydra.sweep.dir")
+        from omegaconf import OmegaConf, open_dict, read_write
+
+        from zkl.overrides import normalize_sweep_params
+
+        # A sweep file's `+precision: ...` works as on the command line (the sweeper is built
+        # from this config after the callback).
+        params = config.hydra.sweeper.get("params")
+        if params:
+            with read_write(config), open_dict(config):
+                config.hydra.sweeper.params = normalize_sweep_params(OmegaConf.to_container(params))
+        from zkl.requeue import submission_note
+
+        note = submission_note(config)
+        if note:
+            print(f"zkl: {note}", file=sys.stderr)

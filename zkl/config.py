@@ -2,8 +2,8 @@
 
 `conf/` holds the group options as YAML data; these dataclasses are their schema, so a
 misspelt key fails with Hydra's own error (and one added with `+`, in `to_object`).
-`precision` and `layout` are not in the primary defaults list (they are appended with
-`+precision=...`), so their defaults live here.
+`precision` and `layout` are in the primary defaults list like the other groups, and
+`+precision=...` still works (`zkl.overrides.normalize`).
 `validate` turns a config that cannot work into one sentence naming the key to change.
 """
 
@@ -26,6 +26,7 @@ from zkl.megatron.check import engine_problem
 from zkl.megatron.mapping import ENGINES
 from zkl.memory import check_memory
 from zkl.models.config import ModelConfig, validate_model
+from zkl.overrides import normalize
 from zkl.validation import check_limits, check_values, default_positions
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -111,6 +112,7 @@ class WandbConfig:
     entity: str | None = None
     group: str | None = None  # null: derived from the config axes
     tags: list[str] = field(default_factory=list)  # added to the derived axis tags
+    fallback: str = "none"  # none | offline: log offline when online cannot start
 
 
 @dataclass
@@ -239,7 +241,7 @@ def compose(overrides: list[str] | None = None) -> ZklConfig:
     from hydra import initialize_config_dir
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        return to_object(hydra_compose("config", overrides=list(overrides or [])))
+        return to_object(hydra_compose("config", overrides=normalize(list(overrides or []))))
 
 
 def load_group_option(cfg: ZklConfig, group: str, option: str) -> ZklConfig:
@@ -397,6 +399,11 @@ def validate(
         raise ConfigError(
             f"tracking.wandb.mode={cfg.tracking.wandb.mode!r} must be offline, online or disabled."
         )
+    from zkl.tracking.wandb_run import online_problem
+
+    problem = online_problem(cfg.tracking.wandb)
+    if problem:
+        raise ConfigError(problem)
     if cfg.cert.steps < 0:
         raise ConfigError(f"cert.steps={cfg.cert.steps} must be >= 0.")
     if cfg.num_threads < 0:

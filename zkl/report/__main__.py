@@ -34,8 +34,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"zkl.report: no runs under {', '.join(args.dirs)}", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else Path(args.dirs[0]) / "report.html"
-    page.write(out, page.render(sources, args.title, args.dirs))
-    out.with_suffix(".md").write_text(markdown(sources, args.title))
+    if out.is_dir():
+        out = out / "report.html"
+    try:
+        page.write(out, page.render(sources, args.title, args.dirs))
+        out.with_suffix(".md").write_text(markdown(sources, args.title))
+    except OSError as err:
+        where = "--out" if args.out else "the first DIR (or pass --out)"
+        print(
+            f"zkl.report: cannot write {err.filename or out} ({err.strerror or err}); "
+            f"choose a writable {where}.",
+            file=sys.stderr,
+        )
+        return 2
     print(f"{out}\n{out.with_suffix('.md')}")
     if args.wandb:
         flat = sources.runs[0].flat if sources.runs else {}

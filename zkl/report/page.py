@@ -30,6 +30,9 @@ th { background: #f2f2f2; }
 td[data-value] { text-align: right; font-variant-numeric: tabular-nums; }
 .note { color: #555; font-size: 13px; margin: 2px 0 16px; }
 td:last-child { max-width: 300px; }
+th:first-child, td:first-child { position: sticky; left: 0; background: #fff; z-index: 1;
+        box-shadow: 1px 0 0 #ccc; }
+th:first-child { background: #f2f2f2; }
 """
 
 Series = tuple[str, Sequence, Sequence[float]]  # (name, x values, y values)
@@ -54,7 +57,7 @@ def zero_band_figure(
             go.Scatter(
                 x=list(xs),
                 y=top,
-                name=name,
+                name=html.escape(name),  # plotly renders HTML in names: shown as text
                 legendgroup=name,
                 mode=mode,
                 line={"color": color},
@@ -69,7 +72,7 @@ def zero_band_figure(
             go.Scatter(
                 x=zero_x,
                 y=[i] * len(zero_x),
-                name=name,
+                name=html.escape(name),
                 legendgroup=name,
                 showlegend=False,
                 mode="markers",
@@ -98,12 +101,21 @@ def zero_band_figure(
     else:  # names (the ablation's fixes), in the order given, on both panels
         order = list(dict.fromkeys(xs_all))
         fig.update_xaxes(type="category", categoryorder="array", categoryarray=order)
+    # The legend goes below the plot, one entry a line, so 20 runs never squeeze its width.
+    legend_px = 18 * len(series) + 40
     fig.update_layout(
         title=title,
-        height=420 + 14 * rows,
+        height=420 + 14 * rows + legend_px,
         template="plotly_white",
-        legend={"font": {"size": 11}},
-        margin={"l": 70, "r": 20, "t": 50, "b": 50},
+        legend={
+            "font": {"size": 11},
+            "orientation": "v",
+            "yanchor": "top",
+            "y": -60 / (320 + 14 * rows),  # paper units: just below the x axis title
+            "xanchor": "left",
+            "x": 0,
+        },
+        margin={"l": 70, "r": 20, "t": 50, "b": 50 + legend_px},
     )
     return fig
 
@@ -111,7 +123,10 @@ def zero_band_figure(
 def kl_figure(sources: Sources) -> go.Figure:
     axes = sweep_axes(sources.runs)
     runs = ordered([r for r in sources.runs if r.rows], axes)
-    series = [(_label(r, axes), [row["step"] for row in r.rows], r.series(KL)) for r in runs]
+    series = []
+    for r in runs:
+        points = r.points(KL)
+        series.append((_label(r, axes), [x for x, _ in points], [y for _, y in points]))
     return zero_band_figure("gen_kl_error per step, every run", series, "step", "gen_kl_error")
 
 
@@ -162,5 +177,9 @@ def render(sources: Sources, title: str, source_paths: list[str]) -> str:
 def write(path: str | Path, page: str) -> None:
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(page)
-    tmp.replace(path)
+    try:
+        tmp.write_text(page)
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise

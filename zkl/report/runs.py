@@ -33,6 +33,7 @@ class Run:
     config: dict[str, Any]  # nested, as in config.yaml
     rows: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
+    damage: str | None = None  # why its files cannot be read whole (a failed run, with reason)
 
     @property
     def flat(self) -> dict[str, Any]:
@@ -40,18 +41,28 @@ class Run:
 
     @property
     def expected_steps(self) -> int | None:
-        return self.flat.get("rl.steps")
+        steps = self.flat.get("rl.steps")
+        return steps if isinstance(steps, int) else None
 
     @property
     def status(self) -> str:
-        if self.error:
+        if self.error or self.damage:
             return "failed"
         if self.rows and len(self.rows) >= (self.expected_steps or 0):
             return "complete"
         return "incomplete"
 
+    @property
+    def reason(self) -> str:
+        """error.txt's sentence and what is damaged, joined."""
+        return "; ".join(x for x in (self.error, self.damage) if x)
+
+    def points(self, key: str = KL) -> list[tuple[int, float]]:
+        """(step, value) of every row whose `key` is a number."""
+        return [(row["step"], row[key]) for row in self.rows if _is_number(row.get(key))]
+
     def series(self, key: str = KL) -> list[float]:
-        return [row[key] for row in self.rows if key in row]
+        return [row[key] for row in self.rows if _is_number(row.get(key))]
 
     @property
     def fixes(self) -> str:
@@ -93,17 +104,64 @@ def fixes_label(flat: dict[str, Any]) -> str:
     return ",".join(f"+{n}" for n in invariance.FIXES if n in on)
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """The file's JSON objects, and what was wrong with the lines left out (None: nothing).
+
+    A last line without its newline (a writer killed mid-line) is left out silently.
+    """
     if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+        return [], None
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        return [], f"{path.name} cannot be read ({err})"
+    rows, bad = [], []
+    lines = text.split("\n")
+    for number, line in enumerate(lines, 1):
+        if not line.strip() or (number == len(lines) and not line.endswith("}")):
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            bad.append(f"line {number} is not JSON")
+            continue
+        if not isinstance(row, dict):
+            bad.append(f"line {number} is not a JSON object")
+            continue
+        rows.append(row)
+    return rows, (f"{path.name}: {', '.join(bad[:3])}" if bad else None)
 
 
-def _config(run_dir: Path) -> dict[str, Any]:
+def _check_rows(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
+    """Metric rows with a whole-number step and numeric metrics; a reason for any other."""
+    kept, bad = [], []
+    for index, row in enumerate(rows):
+        step = row.get("step")
+        if not isinstance(step, int) or isinstance(step, bool):
+            bad.append(f"row {index + 1} has no step")
+            continue
+        if KL in row and not _is_number(row[KL]):
+            bad.append(f"step {step} has a non-numeric {KL} ({str(row[KL])[:40]})")
+        kept.append(row)
+    return kept, (f"{METRICS_FILE}: {', '.join(bad[:3])}" if bad else None)
+
+
+def _config(run_dir: Path) -> tuple[dict[str, Any], str | None]:
     for path in (run_dir / CONFIG_FILE, run_dir / ".hydra" / "config.yaml"):
         if path.exists():
-            return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    return {}
+            try:
+                tree = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+            except Exception as err:  # torn or hand-edited YAML: the run is reported failed
+                first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+                return {}, f"{path.name} cannot be read ({type(err).__name__}: {first})"
+            if not isinstance(tree, dict):
+                return {}, f"{path.name} is not a mapping"
+            return tree, None
+    return {}, None
 
 
 def _is_run(d: Path, files: set[str]) -> bool:
@@ -113,12 +171,22 @@ def _is_run(d: Path, files: set[str]) -> bool:
     return hydra_job and not (d / "beds").is_dir()
 
 
-def _walk(root: Path):
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(
+def _walk(root: Path, skipped: list[tuple[str, str]]):
+    """Every directory under root, symlinked ones followed once (a loop or repeat is listed)."""
+    visited = {root.resolve()}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        keep = []
+        for d in sorted(
             (d for d in dirnames if d not in SKIP_DIRS),
             key=lambda d: (not d.isdigit(), int(d) if d.isdigit() else 0, d),
-        )
+        ):
+            target = (Path(dirpath) / d).resolve()
+            if target in visited:
+                skipped.append((str(Path(dirpath) / d), f"a link to {target}, reported once"))
+                continue
+            visited.add(target)
+            keep.append(d)
+        dirnames[:] = keep
         yield Path(dirpath), set(filenames)
 
 
@@ -135,6 +203,20 @@ class Sources:
     runs: list[Run] = field(default_factory=list)
     bench: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     cert: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, why not reported)
+
+
+CERT_KEYS = ("bed", "variant", "mode", "steps", "tokens", "train/max_abs_logprob_diff")
+
+
+def _read_bench(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        return None, f"bench.json cannot be read ({type(err).__name__})"
+    if not isinstance(result, dict):
+        return None, "bench.json is not a JSON object"
+    return result, None
 
 
 def discover(paths: list[str | Path]) -> Sources:
@@ -144,19 +226,42 @@ def discover(paths: list[str | Path]) -> Sources:
     for root in map(Path, paths):
         if not root.is_dir():
             raise FileNotFoundError(f"{root} is not a directory")
-        for d, files in _walk(root):
+        for d, files in _walk(root, found.skipped):
             if d.resolve() in seen:
+                found.skipped.append((str(d), f"the same directory as {d.resolve()}"))
                 continue
             seen.add(d.resolve())
             name = _name(d, root, prefix=len(paths) > 1)
             if "bench.json" in files:
-                found.bench.append((name, json.loads((d / "bench.json").read_text())))
+                result, problem = _read_bench(d / "bench.json")
+                if result is None:
+                    found.skipped.append((f"{d / 'bench.json'}", problem))
+                else:
+                    found.bench.append((name, result))
             if "cert.jsonl" in files:
-                found.cert.append((name, _read_jsonl(d / "cert.jsonl")))
+                rows, problem = _read_jsonl(d / "cert.jsonl")
+                whole = [r for r in rows if all(k in r for k in CERT_KEYS)]
+                if len(whole) < len(rows):
+                    problem = f"{len(rows) - len(whole)} rows lack one of {', '.join(CERT_KEYS)}"
+                if problem:
+                    found.skipped.append((f"{d / 'cert.jsonl'}", problem))
+                found.cert.append((name, whole))
             if _is_run(d, files):
-                rows = _read_jsonl(d / METRICS_FILE)
-                found.runs.append(Run(d, name, _config(d), rows, read_error(d)))
+                found.runs.append(_read_run(d, name))
     return found
+
+
+def _read_run(d: Path, name: str) -> Run:
+    """One run; whatever of its files is damaged makes it a failed run, with the reason."""
+    rows, problem = _read_jsonl(d / METRICS_FILE)
+    rows, bad_rows = _check_rows(rows)
+    config, bad_config = _config(d)
+    try:
+        error = read_error(d)
+    except (OSError, UnicodeDecodeError) as err:
+        error = f"error.txt cannot be read ({err})"
+    damage = "; ".join(x for x in (problem, bad_rows, bad_config) if x) or None
+    return Run(d, name, config, rows, error, damage)
 
 
 def sweep_axes(runs: list[Run]) -> list[str]:
@@ -184,6 +289,34 @@ def sweep_axes(runs: list[Run]) -> list[str]:
         out.append(key)
     if len({r.fixes for r in runs}) > 1:
         out.append("fixes")
+    return out
+
+
+# The settings a reader needs to know the runs by; those equal across all runs head the page.
+CONTEXT_KEYS = (
+    "model.name",
+    "precision.name",
+    "kv.mode",
+    "layout.name",
+    "engine.name",
+    "device",
+    "task.name",
+    "rl.steps",
+    "seed",
+    "zero_train_gen_mismatch",
+)
+
+
+def common_settings(runs: list[Run]) -> dict[str, str]:
+    """The context keys (and the fixes) that every run with a config shares."""
+    known = [r for r in runs if r.config]
+    if not known:
+        return {}
+    out = {}
+    for key in (*CONTEXT_KEYS, "fixes"):
+        values = {axis_value(r, key) for r in known}
+        if len(values) == 1 and values != {""}:
+            out[key] = values.pop()
     return out
 
 

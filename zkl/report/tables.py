@@ -7,11 +7,12 @@ checked against the runs' files to the last bit (`data-value` holds `repr(value)
 from __future__ import annotations
 
 import html
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from zkl.invariance import FIXES
-from zkl.report.runs import Run, Sources, axis_value, summary, sweep_axes
+from zkl.report.runs import Run, Sources, axis_value, common_settings, summary, sweep_axes
 
 RUN_COLUMNS = [
     ("steps", "steps"),
@@ -23,6 +24,15 @@ RUN_COLUMNS = [
     ("bitwise_min", "min bitwise frac"),
     ("reward_final", "reward final"),
 ]
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
+
+
+def md_escape(text: str) -> str:
+    """A Markdown table cell that shows its text as written: no HTML, links or emphasis."""
+    text = html.escape(" ".join(str(text).split()), quote=False)
+    return _MD_SPECIAL.sub(r"\\\1", text)
 
 
 def fmt(value: Any) -> str:
@@ -66,21 +76,25 @@ class Table:
         )
 
     def to_markdown(self) -> str:
-        def esc(text: str) -> str:
-            return text.replace("|", "\\|").replace("\n", " ")
+        esc = md_escape
 
         lines = [f"### {self.title}", ""]
         lines.append("| " + " | ".join(map(esc, self.headers)) + " |")
         lines.append("|" + "---|" * len(self.headers))
         lines += ["| " + " | ".join(esc(c.text) for c in row) + " |" for row in self.rows]
         if self.note:
-            lines += ["", self.note]
+            lines += ["", md_escape(self.note)]
         return "\n".join(lines)
 
 
+def _sort_value(run: Run, axis: str) -> tuple[int, str]:
+    value = axis_value(run, axis)
+    return (0 if axis == "fixes" and value == "all on" else 1, value)  # the baseline first
+
+
 def ordered(runs: list[Run], axes: list[str]) -> list[Run]:
-    """Runs grouped by the sweep's axes (sorted by their values, then by name)."""
-    return sorted(runs, key=lambda r: ([axis_value(r, a) for a in axes], r.name))
+    """Runs grouped by the sweep's axes (sorted by their values, all fixes on first)."""
+    return sorted(runs, key=lambda r: ([_sort_value(r, a) for a in axes], r.name))
 
 
 def runs_table(runs: list[Run]) -> Table:
@@ -91,9 +105,9 @@ def runs_table(runs: list[Run]) -> Table:
         s = summary(run)
         row = [Cell(run.name), *(Cell(axis_value(run, a)) for a in axes), Cell(run.status)]
         row += [cell(s[key]) for key, _ in RUN_COLUMNS]
-        row.append(Cell(run.error or ""))
+        row.append(Cell(run.reason))
         table.rows.append(row)
-    zero = sum(1 for r in runs if r.rows and summary(r)["kl_max"] == 0.0)
+    zero = sum(1 for r in runs if r.rows and not r.damage and summary(r)["kl_max"] == 0.0)
     table.note = f"{zero} of {len(runs)} runs have gen_kl_error exactly 0 at every step."
     return table
 
@@ -104,8 +118,26 @@ def failed_table(runs: list[Run]) -> Table | None:
         return None
     table = Table("Failed or incomplete runs", ["run", "status", "steps logged", "error"])
     for r in bad:
-        error = r.error or "no error recorded (killed or still running: see the launcher's logs)"
+        error = r.reason or "no error recorded (killed or still running: see the launcher's logs)"
         table.rows.append([Cell(r.name), Cell(r.status), cell(len(r.rows)), Cell(error)])
+    return table
+
+
+def settings_table(runs: list[Run]) -> Table | None:
+    """The settings every run shares: what the page is about, said once."""
+    common = common_settings(runs)
+    if not common:
+        return None
+    table = Table("Settings common to all runs", ["setting", "value"])
+    table.rows = [[Cell(key), Cell(value)] for key, value in common.items()]
+    return table
+
+
+def skipped_table(sources: Sources) -> Table | None:
+    if not sources.skipped:
+        return None
+    table = Table("Not reported", ["path", "why"])
+    table.rows = [[Cell(path), Cell(why)] for path, why in sources.skipped]
     return table
 
 
@@ -155,23 +187,29 @@ def bench_table(bench: list[tuple[str, dict[str, Any]]]) -> Table | None:
 def cert_table(cert: list[tuple[str, list[dict[str, Any]]]]) -> Table | None:
     if not cert:
         return None
-    headers = ["run", "bed", "variant", "steps", "tokens", "max |lp diff|", "gen_kl_error"]
-    table = Table("Certification (python -m zkl.cert)", [*headers, "passed"])
+    headers = ["run", "bed", "variant", "mode", "steps", "tokens", "max |lp diff|"]
+    table = Table("Certification (python -m zkl.cert)", [*headers, "gen_kl_error", "result"])
     for name, results in cert:
         for r in results:
-            row = [Cell(name), Cell(r["bed"]), Cell(r["variant"]), cell(r["steps"])]
-            row += [cell(r["tokens"]), cell(r["train/max_abs_logprob_diff"])]
-            row += [cell(r["train/gen_kl_error"]), Cell("yes" if r["passed"] else "no")]
+            row = [Cell(name), Cell(str(r["bed"])), Cell(str(r["variant"])), Cell(str(r["mode"]))]
+            row += [cell(r["steps"]), cell(r["tokens"]), cell(r["train/max_abs_logprob_diff"])]
+            verdict = r.get("result") or ("PASS" if r.get("passed") else "FAIL")
+            row += [cell(r.get("train/gen_kl_error")), Cell(str(verdict))]
             table.rows.append(row)
     return table
 
 
 def all_tables(sources: Sources) -> list[tuple[str, Table]]:
     """(id, table) of every table the report shows, in page order."""
-    out = [("runs", runs_table(sources.runs))] if sources.runs else []
-    failed = failed_table(sources.runs)
-    if failed:
-        out.append(("failed", failed))
+    settings = settings_table(sources.runs)
+    out = [("settings", settings)] if settings else []
+    out += [("runs", runs_table(sources.runs))] if sources.runs else []
+    for table_id, extra in (
+        ("failed", failed_table(sources.runs)),
+        ("skipped", skipped_table(sources)),
+    ):
+        if extra:
+            out.append((table_id, extra))
     data = ablation(sources.runs)
     if data:
         out.append(("ablation", ablation_table(data)))
@@ -185,5 +223,5 @@ def all_tables(sources: Sources) -> list[tuple[str, Table]]:
 
 
 def markdown(sources: Sources, title: str) -> str:
-    parts = [f"## {title}"] + [t.to_markdown() for _, t in all_tables(sources)]
+    parts = [f"## {md_escape(title)}"] + [t.to_markdown() for _, t in all_tables(sources)]
     return "\n\n".join(parts) + "\n"

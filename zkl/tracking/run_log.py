@@ -58,10 +58,12 @@ class RunLog:
     def __init__(self, run_dir: str | Path, cfg, wandb_id: str | None = None) -> None:
         self.run_dir = Path(run_dir)
         self._fds: list[int] = []
+        self._wandb = None
         resolved = OmegaConf.to_container(OmegaConf.structured(cfg))
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(resolved))
+            self._start_wandb(cfg, resolved, wandb_id)  # before the logs: a refusal leaves none
             self._metrics = self._open(METRICS_FILE)
             self._tokens = self._open(TOKENS_FILE)
         except OSError as err:
@@ -71,30 +73,14 @@ class RunLog:
                 f"hydra.run.dir={self.run_dir} cannot be written ({where}{err.strerror or err}); "
                 "choose another hydra.run.dir."
             ) from None
-        self._wandb = None
-        self.wandb_id = wandb_id  # a resumed run continues its W&B run
-        wb = cfg.tracking.wandb
-        if wb.mode != "disabled":
-            for key, value in (
-                ("WANDB_SILENT", "true"),
-                ("WANDB_DISABLE_GIT", "true"),
-                ("WANDB_DISABLE_CODE", "true"),
-                ("WANDB_CONSOLE", "off"),
-            ):
-                os.environ.setdefault(key, value)
-            import wandb
 
-            self._wandb = wandb.init(
-                mode=wb.mode,
-                project=wb.project,
-                entity=wb.entity,
-                group=wb.group or "-".join(axes(cfg).values()),
-                tags=tags(cfg),
-                config=resolved,
-                dir=str(self.run_dir),
-                id=wandb_id,
-                resume="allow" if wandb_id else None,
-            )
+    def _start_wandb(self, cfg, resolved: dict, wandb_id: str | None) -> None:
+        from zkl.tracking import wandb_run
+
+        self.wandb_id = wandb_id  # a resumed run continues its W&B run
+        group = cfg.tracking.wandb.group or "-".join(axes(cfg).values())
+        self._wandb = wandb_run.start(cfg, self.run_dir, resolved, wandb_id, group, tags(cfg))
+        if self._wandb is not None:
             self.wandb_id = self._wandb.id
 
     def _open(self, name: str) -> int:

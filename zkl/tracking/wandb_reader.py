@@ -316,3 +316,49 @@ def read_run_info(path: str | Path, *, allow_truncated: bool = False) -> dict[st
             # Later run records (e.g. a rename) only override what they set.
             info.update({k: v for k, v in fields.items() if v or k not in info})
     return info
+
+
+def summarize(path: str | Path) -> str:
+    """What `python -m zkl.tracking.wandb_reader DIR` prints: the run, its steps, last values."""
+    if not Path(path).exists():
+        raise ValueError(f"{path} does not exist; pass a run directory or a .wandb file")
+    run_file = _resolve(path)
+    info = read_run_info(run_file, allow_truncated=True)
+    history = read_history(run_file, allow_truncated=True)
+    lines = [
+        f"{run_file}",
+        f"run {info.get('id')} project={info.get('project')} group={info.get('group')} "
+        f"exit_code={info.get('exit_code')}",
+        f"{len(history)} history rows",
+    ]
+    if history:
+        last = history[-1]
+        keys = [k for k in last if k.startswith("train/")] or list(last)[:12]
+        lines += [f"last row (step {last.get('_step', last.get('step'))}):"]
+        lines += [f"  {k} = {last[k]}" for k in keys]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print a summary of one offline run; exit 2 with a usage sentence on a bad argument."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or args[0] in ("-h", "--help"):
+        print(
+            "usage: python -m zkl.tracking.wandb_reader RUN_DIR (a run directory, its wandb/ "
+            "folder, an offline-run-* folder or a .wandb file): prints the run's id, group, "
+            "history length and last row.",
+            file=sys.stderr,
+        )
+        return 0 if args[:1] in (["-h"], ["--help"]) else 2
+    try:
+        print(summarize(args[0]))
+    except (ValueError, OSError) as err:
+        print(f"zkl.tracking.wandb_reader: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

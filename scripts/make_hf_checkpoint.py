@@ -94,7 +94,10 @@ def write_tokenizer(out: Path, texts: list[str], vocab_size: int) -> None:
     fast.save_pretrained(str(out))
 
 
-def write_model(out: Path, family: str, shape: str, seed: int, max_shard_size: str | None) -> None:
+def write_model(
+    out: Path, family: str, shape: str, seed: int, max_shard_size: str | None, device: str = "cpu"
+) -> None:
+    """Random weights (transformers' own init, seeded) saved in bf16; built on `device`."""
     import torch
     import transformers
 
@@ -110,7 +113,7 @@ def write_model(out: Path, family: str, shape: str, seed: int, max_shard_size: s
     config.eos_token_id = SPECIALS.index("<|im_end|>")
     config.pad_token_id = SPECIALS.index("<|endoftext|>")
     torch.manual_seed(seed)
-    with torch.device("cpu"):
+    with torch.device(device):
         model = cls(config).to(torch.bfloat16)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(str(out), **kwargs)
@@ -125,10 +128,11 @@ def main() -> None:
     parser.add_argument("--tokenizer-vocab", type=int, default=320)
     parser.add_argument("--max-shard-size", default=None, help="e.g. 200KB: write shards")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="where the weights are initialised")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_model(out, args.family, args.shape, args.seed, args.max_shard_size)
+    write_model(out, args.family, args.shape, args.seed, args.max_shard_size, args.device)
     write_tokenizer(out, corpus_lines(args.corpus), args.tokenizer_vocab)
     print(out)
 

@@ -337,3 +337,71 @@ def test_a_reward_that_gives_nan_stops_the_run_after_the_step_is_logged(ckpt, tm
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0] and rows[0]["train/gen_kl_error"] == 0.0
     assert not math.isnan(rows[0]["train/max_abs_logprob_diff"])
+
+
+@pytest.mark.slow
+def test_the_gpu_script_on_the_cpu(tmp_path):
+    """scripts/gpu_dataset_run.sh at the tiny shape on the CPU: the H200 run's every part."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "SHAPE": "tiny", "DEVICE": "cpu", "STEPS": "2", "OUT": str(tmp_path)}
+    env["EXTRA"] = "rl.prompts_per_step=2 rl.samples_per_prompt=4 rl.val_prompts=4"
+    env["SHARD"] = "100KB"  # shards and an index, as the 1.5B writes them
+    script = REPO / "scripts" / "gpu_dataset_run.sh"
+    out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "-> PASS" in out.stdout
+    assert (tmp_path / "ckpt_tiny" / "model.safetensors.index.json").is_file()
+    rows = read_jsonl(tmp_path / "run_tiny" / "metrics.jsonl")
+    assert len(rows) == 2 and all(r["train/max_abs_logprob_diff"] == 0.0 for r in rows)
+    assert all("val/accuracy" in r for r in rows)
+
+
+@pytest.mark.slow
+def test_the_user_sweep_runs_on_a_checkpoint_and_data(ckpt, tmp_path):
+    """sweeps/recipes/user_matrix.yaml's own command, on the CPU and two of its points."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    text = (REPO / "sweeps" / "recipes" / "user_matrix.yaml").read_text()
+    line = next(x.lstrip("# ") for x in text.splitlines() if x.lstrip("# ").startswith("python"))
+    cmd = shlex.split(line)
+    cmd[0] = sys.executable
+    cmd[cmd.index("--config-dir") + 1] = str(REPO / "sweeps" / "recipes")
+    paths = {"model.checkpoint": ckpt, "task.path": TRAIN, "task.val_path": VAL}
+    cmd = [
+        f"{a.split('=')[0]}={paths[a.split('=')[0]]}" if a.split("=")[0] in paths else a
+        for a in cmd
+    ]
+    cmd += ["hydra/launcher=basic", "device=cpu", f"hydra.sweep.dir={tmp_path}", *QUIET]
+    cmd += ["task.prompt_key=question", "+precision=bf16,mxfp8", "kv=persist", "rl.steps=2"]
+    cmd += ["zero_train_gen_mismatch=true", "rl.val_every=1", "rl.val_prompts=4"]
+    cmd += ["rl.prompts_per_step=2", "rl.samples_per_prompt=4", "sampling.max_new_tokens=4"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    jobs = sorted(p for p in tmp_path.iterdir() if p.is_dir() and p.name.isdigit())
+    assert len(jobs) == 2
+    for job in jobs:
+        rows = read_jsonl(job / "metrics.jsonl")
+        assert [r["train/gen_kl_error"] for r in rows] == [0.0, 0.0]
+        assert all("val/accuracy" in r for r in rows)
+        assert "family: qwen2" in (job / "config.yaml").read_text()
+    from zkl.report.runs import discover, summary
+
+    runs = discover([tmp_path]).runs
+    assert all(summary(r)["val_accuracy_final"] is not None for r in runs)
+
+
+def test_add_accuracy_counts_the_number_a_response_starts_with():
+    from zkl.rl.task import AddTask, Problem
+
+    task = AddTask(4)
+    enc, eos = task.tokenizer.encode, task.tokenizer.eos_id
+    problem = Problem(3, 4)
+    assert task.is_correct(problem, [*enc("7"), eos]) and task.is_correct(problem, enc("7+"))
+    assert not task.is_correct(problem, enc("77")) and not task.is_correct(problem, enc("a7"))
+    assert not task.is_correct(problem, []) and not task.is_correct(problem, enc("8"))

@@ -31,3 +31,18 @@ class ParityTask(DatasetTask):
 
     def reward(self, problem, response: list[int]) -> float:
         return 1.0 if len(response) % 2 == self.parity else 0.0
+
+
+class ShapedMathTask(DatasetTask):
+    """The dataset task with a reward a random-weight model finds signal in (the H200 run).
+
+    1.0 for the right answer (the task's own reward, math-verify); else up to 0.5 for the
+    share of response ids that are multiples of 3, which a near-uniform model earns about a
+    third of, so rewards differ inside a group and every step updates the weights.
+    val/accuracy still counts right answers only (reward 1.0).
+    """
+
+    def reward(self, problem, response: list[int]) -> float:
+        if super().reward(problem, response) == 1.0:
+            return 1.0
+        return 0.5 * sum(t % 3 == 0 for t in response) / max(len(response), 1)

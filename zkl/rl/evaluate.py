@@ -2,7 +2,9 @@
 
 Greedy is top-k 1 on the same engine and weights the rollouts use (a fixed seed keys the
 sampler, so ties break the same way every time). `val/accuracy` is the fraction of
-validation problems whose reward is 1.0 (exactly right), `val/reward` the mean reward.
+validation problems answered right: the task's `is_correct(problem, response)` where it has
+one (`add`: the number the response starts with is the sum), else a reward of 1.0;
+`val/reward` is the mean reward.
 Validation requests start at a request id no rollout uses, and a prompt's logprobs do not
 depend on what ran before it, so validating never changes a training step's numbers.
 """
@@ -34,9 +36,12 @@ def validate_policy(cfg, task, generator) -> dict[str, Any]:
     ]
     completions, _ = generator.generate(requests)
     completions.sort(key=lambda c: c.request_id)
-    rewards = [task.reward(p, c.tokens) for p, c in zip(problems, completions, strict=True)]
+    pairs = list(zip(problems, completions, strict=True))
+    rewards = [task.reward(p, c.tokens) for p, c in pairs]
+    judge = getattr(task, "is_correct", None)
+    right = [judge(p, c.tokens) for p, c in pairs] if judge else [r == 1.0 for r in rewards]
     return {
-        "val/accuracy": sum(r == 1.0 for r in rewards) / len(rewards),
+        "val/accuracy": sum(right) / len(right),
         "val/reward": sum(rewards) / len(rewards),
         "val/num_problems": len(rewards),
     }

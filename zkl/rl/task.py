@@ -98,6 +98,16 @@ class AddTask:
         out = [Problem(a, b) for a in range(top + 1) for b in range(top + 1)]
         return out[:limit] if limit else out
 
+    def is_correct(self, problem: Problem, response: list[int]) -> bool:
+        """The number the response starts with is the sum (what `val/accuracy` counts)."""
+        digits = self.tokenizer.digit_ids
+        lead = len(response)
+        for i, t in enumerate(response):
+            if t not in digits:
+                lead = i
+                break
+        return response[:lead] == self.tokenizer.encode(problem.answer)
+
     def reward(self, problem: Problem, response: list[int]) -> float:
         tok = self.tokenizer
         answer = tok.encode(problem.answer)

@@ -74,7 +74,7 @@ class _MemoryLog:
     def __init__(self) -> None:
         self.rows: list[dict] = []
 
-    def log(self, step: int, row: dict) -> None:
+    def log(self, step: int, row: dict, records: list | None = None) -> None:
         self.rows.append(row)
 
     def log_tokens(self, records: list) -> None:

@@ -205,8 +205,8 @@ def _meta_tensors(path: Path) -> dict[str, torch.Tensor]:
     return raw
 
 
-def check_checkpoint(model: ModelConfig) -> None:
-    """Raise ConfigError naming `model.checkpoint` (or the `model.*` key that disagrees)."""
+def checkpoint_config(model: ModelConfig) -> ModelConfig:
+    """The ModelConfig of `model.checkpoint`'s config.json, or ConfigError naming the key."""
     key = f"model.checkpoint={model.checkpoint}"
     path = Path(model.checkpoint)
     if not path.exists():
@@ -231,6 +231,14 @@ def check_checkpoint(model: ModelConfig) -> None:
         raise ConfigError(f"{key}: config.json has no {err.args[0]!r} entry.") from None
     except (ValueError, TypeError, AttributeError, OSError) as err:
         raise ConfigError(f"{key}: {err}") from None
+    return theirs
+
+
+def check_checkpoint(model: ModelConfig) -> None:
+    """Raise ConfigError naming `model.checkpoint` (or the `model.*` key that disagrees)."""
+    key = f"model.checkpoint={model.checkpoint}"
+    path = Path(model.checkpoint)
+    theirs = checkpoint_config(model)
     for name in ARCH_KEYS:
         if getattr(model, name) != getattr(theirs, name):
             raise ConfigError(

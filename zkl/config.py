@@ -12,11 +12,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from zkl.checkpoint_check import check_checkpoint
+from zkl.config_checkpoint import hydra_overrides, resolve_checkpoint
 from zkl.config_keys import reject_unknown_keys
 from zkl.device import check_device, generator_device, resolve_device
 from zkl.errors import ConfigError
@@ -83,11 +85,23 @@ class SamplingConfig:
 
 @dataclass
 class TaskConfig:
-    name: str = "add"  # add (character tokenizer) | residue (the model's whole vocabulary)
+    # add (character tokenizer) | residue (the model's whole vocabulary) | dataset (yours)
+    name: str = "add"
     max_operand: int = 4  # add: a + b with a, b in 0..max_operand
     modulus: int = 3  # residue: reward = response tokens congruent to the last prompt token
     min_prompt_len: int = 4  # residue: random tail length after the shared 32-token prefix
     max_prompt_len: int = 48
+    # dataset (zkl/data): local JSONL or Parquet files read through HF datasets, offline.
+    path: str | None = None  # the train split
+    val_path: str | None = None  # the validation split (rl.val_every needs one)
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+    reward: str = "math"  # math (math-verify) | exact | package.module:function
+    tokenizer: str | None = None  # a directory with tokenizer.json; null: model.checkpoint
+    chat_template: bool = False  # wrap each prompt as a user turn in the tokenizer's template
+    # A task class of your own, built as Class(task_cfg, vocab_size); `params` are its knobs.
+    _target_: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -103,6 +117,10 @@ class RLConfig:
     grad_clip: float = 1.0
     num_minibatches: int = 1
     score_micro_batch: int = 0  # 0: the whole rollout in one scoring forward
+    # Validation accuracy (greedy, through the generator) before every val_every-th step and
+    # the last one; 0: off. val_prompts caps the validation problems (0: the whole split).
+    val_every: int = 0
+    val_prompts: int = 0
 
 
 @dataclass
@@ -229,10 +247,16 @@ def register_configs() -> None:
 register_configs()
 
 
-def to_object(cfg: DictConfig) -> ZklConfig:
-    """The typed config; a key the schema lacks (added with `+`) is refused, not dropped."""
+def to_object(cfg: DictConfig, overrides: list[str] | None = None) -> ZklConfig:
+    """The typed config; a key the schema lacks (added with `+`) is refused, not dropped.
+
+    `model.checkpoint` without a model group fills the model from its config.json
+    (zkl/config_checkpoint.py); `overrides` default to the running Hydra job's.
+    """
     reject_unknown_keys(cfg)
-    return OmegaConf.to_object(cfg)
+    if overrides is None:
+        overrides = hydra_overrides()
+    return resolve_checkpoint(OmegaConf.to_object(cfg), overrides, CONF_DIR)
 
 
 def compose(overrides: list[str] | None = None) -> ZklConfig:
@@ -241,7 +265,8 @@ def compose(overrides: list[str] | None = None) -> ZklConfig:
     from hydra import initialize_config_dir
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        return to_object(hydra_compose("config", overrides=normalize(list(overrides or []))))
+        normalized = normalize(list(overrides or []))
+        return to_object(hydra_compose("config", overrides=normalized), normalized)
 
 
 def load_group_option(cfg: ZklConfig, group: str, option: str) -> ZklConfig:

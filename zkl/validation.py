@@ -50,9 +50,16 @@ def check_values(cfg: Any) -> None:
 
 def check_limits(cfg: Any) -> None:
     """The rules a later stage (task, sampler, AdamW, layout) would fail on with a traceback."""
-    if cfg.task.name not in TASKS:
+    if cfg.task.name not in TASKS and not cfg.task._target_:
         raise ConfigError(
             f"task.name={cfg.task.name!r} is not a built-in task; use one of {TASKS}."
+        )
+    if cfg.rl.val_every < 0 or cfg.rl.val_prompts < 0:
+        raise ConfigError("rl.val_every and rl.val_prompts must be >= 0 (0: off / all).")
+    if cfg.rl.val_every and cfg.task.name == "dataset" and not cfg.task.val_path:
+        raise ConfigError(
+            f"rl.val_every={cfg.rl.val_every} needs a validation split: set "
+            "task.val_path=FILE, or rl.val_every=0."
         )
     temperature = cfg.sampling.temperature
     if not MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE:

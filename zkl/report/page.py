@@ -130,6 +130,26 @@ def kl_figure(sources: Sources) -> go.Figure:
     return zero_band_figure("gen_kl_error per step, every run", series, "step", "gen_kl_error")
 
 
+def val_figure(sources: Sources) -> go.Figure | None:
+    """val/accuracy at the steps each run validated (rl.val_every), to read beside the KL."""
+    axes = sweep_axes(sources.runs)
+    runs = ordered([r for r in sources.runs if r.series("val/accuracy")], axes)
+    if not runs:
+        return None
+    fig = go.Figure()
+    for r in runs:
+        rows = [row for row in r.rows if "val/accuracy" in row]
+        xs, ys = [row["step"] for row in rows], [row["val/accuracy"] for row in rows]
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=_label(r, axes)))
+    fig.update_layout(
+        title="val/accuracy (greedy, validation split) per step, every run",
+        xaxis_title="step",
+        yaxis={"title": "val/accuracy", "range": [-0.02, 1.02]},
+        margin={"l": 70, "r": 20, "t": 50, "b": 50},
+    )
+    return fig
+
+
 def _label(run: Run, axes: list[str]) -> str:
     """The run's directory and its values on the sweep's axes: `3 bf16/persist`."""
     values = "/".join(axis_value(run, a) for a in axes)
@@ -160,6 +180,9 @@ def render(sources: Sources, title: str, source_paths: list[str]) -> str:
     )
     if any(r.rows for r in sources.runs):
         parts.append(_figure_html(kl_figure(sources), "kl-per-step"))
+    val = val_figure(sources)
+    if val is not None:
+        parts.append(_figure_html(val, "val-accuracy-per-step"))
     data = ablation(sources.runs)
     for table_id, table in all_tables(sources):
         parts.append(f"<h2>{html.escape(table.title)}</h2>")

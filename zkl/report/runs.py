@@ -334,6 +334,7 @@ def summary(run: Run) -> dict[str, Any]:
     diff = run.series("train/max_abs_logprob_diff")
     bitwise = run.series("train/bitwise_equal_frac")
     reward = run.series("reward/mean")
+    val = run.series("val/accuracy")
     return {
         "steps": len(run.rows),
         "kl_final": kl[-1] if kl else None,
@@ -343,4 +344,5 @@ def summary(run: Run) -> dict[str, Any]:
         "max_abs_diff": max(diff) if diff else None,
         "bitwise_min": min(bitwise) if bitwise else None,
         "reward_final": reward[-1] if reward else None,
+        "val_accuracy_final": val[-1] if val else None,
     }

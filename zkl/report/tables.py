@@ -23,6 +23,7 @@ RUN_COLUMNS = [
     ("max_abs_diff", "max |lp diff|"),
     ("bitwise_min", "min bitwise frac"),
     ("reward_final", "reward final"),
+    ("val_accuracy_final", "val/accuracy final"),
 ]
 
 

@@ -17,11 +17,13 @@ from tqdm import tqdm
 
 from zkl import checkpoint, environment, invariance, run_lock
 from zkl.config import ZklConfig, validate
+from zkl.data.rewards import RewardError
 from zkl.errors import NonFinite
 from zkl.generation.engine import Completion, Request
 from zkl.generation.sampling import SamplingParams
 from zkl.layouts import build_generator
 from zkl.metrics import mismatch_metrics
+from zkl.rl.evaluate import val_due, validate_policy
 from zkl.rl.grpo import group_advantages
 from zkl.rl.policy import Policy, UpdateBatch
 from zkl.rl.task import build_task
@@ -133,7 +135,8 @@ def _run(cfg: ZklConfig, task, run_dir: str | Path, progress: bool | None) -> li
             bar = tqdm(steps, "grpo", cfg.rl.steps, disable=not show, initial=resume.step)
             with bar, checkpoint.Saver(cfg, run_dir, policy, log) as saver:
                 for step in bar:  # `with bar`: an interrupt leaves the bar's line finished
-                    row = train_step(cfg, task, policy, generator, step, log)
+                    val = validate_step(cfg, task, generator, step)
+                    row = train_step(cfg, task, policy, generator, step, log, val)
                     rows.append(row)
                     saver.after_step(step)
     finally:
@@ -143,8 +146,23 @@ def _run(cfg: ZklConfig, task, run_dir: str | Path, progress: bool | None) -> li
     return rows
 
 
-def train_step(cfg: ZklConfig, task, policy: Policy, generator, step: int, log: RunLog) -> dict:
-    """rollout -> score -> metrics -> update -> refit, logged before returning."""
+def validate_step(cfg: ZklConfig, task, generator, step: int) -> dict[str, Any]:
+    """The `val/*` metrics of the weights step `step` generates with, when validation is due."""
+    if not val_due(step, cfg.rl.val_every, cfg.rl.steps):
+        return {}
+    try:
+        return validate_policy(cfg, task, generator)
+    except RewardError as err:
+        raise RewardError(
+            f"validation before step {step}: {err}; every earlier step is logged. Fix the "
+            "function or choose another task.reward."
+        ) from None
+
+
+def train_step(
+    cfg: ZklConfig, task, policy: Policy, generator, step: int, log: RunLog, extra=None
+) -> dict:
+    """rollout -> score -> metrics -> update -> refit, logged (with `extra`) before returning."""
     problems, requests = make_requests(cfg, task, step)
     t0 = time.perf_counter()
     completions, stats = generator.generate(arrival_order(requests, cfg.rl.samples_per_prompt))
@@ -158,8 +176,16 @@ def train_step(cfg: ZklConfig, task, policy: Policy, generator, step: int, log: 
     lp_gen = torch.cat([c.logprobs for c in completions])
     lp_train_flat = torch.cat(lp_train)
     row: dict[str, Any] = {"step": step, **mismatch_metrics(lp_train_flat, lp_gen)}
+    row.update(extra or {})
     group = cfg.rl.samples_per_prompt
-    rewards = [task.reward(problems[i // group], c.tokens) for i, c in enumerate(completions)]
+    try:
+        rewards = [task.reward(problems[i // group], c.tokens) for i, c in enumerate(completions)]
+    except RewardError as err:  # the rollout's mismatch metrics are logged, no update is made
+        log.log(step, row)
+        raise RewardError(
+            f"step {step}: {err}; the step is logged, no update was made. Fix the function "
+            "or choose another task.reward."
+        ) from None
     reward_t = torch.tensor(rewards)
     advantages = group_advantages(reward_t, group)
     batch = UpdateBatch(prompts, responses, lp_train, advantages, temps)
@@ -196,6 +222,9 @@ def train_step(cfg: ZklConfig, task, policy: Policy, generator, step: int, log: 
     if policy.device.type == "cuda":
         row["perf/peak_gpu_mem_gb"] = torch.cuda.max_memory_allocated(policy.device) / 2**30
     records = token_records(step, completions, lp_train, rewards, cfg.tracking.dump_tokens)
+    if hasattr(task, "text_fields"):  # decoded texts beside the ids (HF tokenizers)
+        for record in records:
+            record.update(task.text_fields(record["prompt"], record["response"]))
     log.log(step, row, records)  # the records first, the row as the step's commit
     check_finite(cfg, step, lp_gen, lp_train_flat, row)
     return row

@@ -9,10 +9,17 @@ gives partial credit for the format, so a tiny random model finds signal in its 
 for one that starts with any digit, else 0.
 
 `residue` (the GPU shapes): tokens over the model's whole vocabulary (ResidueTask).
+
+`dataset`: your prompts and answers, an HF tokenizer and a reward (zkl/data/dataset.py).
+`task._target_=package.module:Class` (or `package.module.Class`): a task class of your own,
+built as `Class(task_cfg, vocab_size)`. A task gives `tokenizer` (`eos_id`, `len()`),
+`max_prompt_len`, `problems(seed, step, count)`, `prompt(problem)`, `reward(problem,
+response_ids)`, and for `rl.val_every` also `validation_problems(limit)`.
 """
 
 from __future__ import annotations
 
+import importlib
 import random
 from dataclasses import dataclass
 
@@ -84,6 +91,22 @@ class AddTask:
         return [
             prefix + [rng.choice(alphabet) for _ in range(rng.randint(1, 24))] for _ in range(count)
         ]
+
+    def validation_problems(self, limit: int = 0) -> list[Problem]:
+        """Every operand pair once, behind the first phrase: a fixed validation set."""
+        top = self.max_operand
+        out = [Problem(a, b) for a in range(top + 1) for b in range(top + 1)]
+        return out[:limit] if limit else out
+
+    def is_correct(self, problem: Problem, response: list[int]) -> bool:
+        """The number the response starts with is the sum (what `val/accuracy` counts)."""
+        digits = self.tokenizer.digit_ids
+        lead = len(response)
+        for i, t in enumerate(response):
+            if t not in digits:
+                lead = i
+                break
+        return response[:lead] == self.tokenizer.encode(problem.answer)
 
     def reward(self, problem: Problem, response: list[int]) -> float:
         tok = self.tokenizer
@@ -162,6 +185,10 @@ class ResidueTask:
             for _ in range(count)
         ]
 
+    def validation_problems(self, limit: int = 0) -> list[ResidueProblem]:
+        """A fixed draw of 32 problems (seed apart from every training step's)."""
+        return self.problems(seed=-1, step=0, count=limit or 32)
+
     def reward(self, problem: ResidueProblem, response: list[int]) -> float:
         if not response:
             return 0.0
@@ -171,11 +198,34 @@ class ResidueTask:
         return hits / len(response)
 
 
-TASKS = ("add", "residue")
+TASKS = ("add", "residue", "dataset")
 
 
-def build_task(task_cfg, vocab_size: int) -> AddTask | ResidueTask:
-    """The task `task.name` names; `residue` spans the model's `vocab_size` tokens."""
+def task_class(target: str) -> type:
+    """The class `task._target_` names (`pkg.mod:Class` or `pkg.mod.Class`), or one sentence."""
+    module_name, sep, attr = target.partition(":")
+    if not sep:
+        module_name, _, attr = target.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr, None) if module_name else None
+    except Exception as err:  # any import-time failure of the user's module
+        raise ConfigError(
+            f"task._target_={target}: module {module_name!r} cannot be imported "
+            f"({type(err).__name__}: {err}); check the name and PYTHONPATH."
+        ) from None
+    if not isinstance(cls, type):
+        raise ConfigError(f"task._target_={target} names no class; use package.module:Class.")
+    return cls
+
+
+def build_task(task_cfg, vocab_size: int):
+    """The task `task.name` (or `task._target_`) names; `residue` spans `vocab_size` tokens."""
+    if task_cfg._target_:
+        return task_class(task_cfg._target_)(task_cfg, vocab_size)
+    if task_cfg.name == "dataset":
+        from zkl.data.dataset import DatasetTask
+
+        return DatasetTask(task_cfg, vocab_size)
     if task_cfg.name == "add":
         return AddTask(task_cfg.max_operand)
     if task_cfg.name == "residue":

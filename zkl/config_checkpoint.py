@@ -1,0 +1,97 @@
+"""`model.checkpoint=DIR` without a model group: the architecture comes from its config.json.
+
+The defaults list always holds a model group (tiny_dense), so "no model group" means the
+user named none (`model=...` absent from the overrides). Then every architecture key is
+read from the checkpoint; a `model.*` key the user set (an override, or an edit of the
+group's YAML in a sweep file) must agree with config.json, or the run is refused with one
+sentence naming it. A named group is kept and checked against config.json as before
+(zkl/checkpoint_check.py), so `model=qwen2_5_1_5b model.checkpoint=DIR` still means "this
+checkpoint must be that architecture". A dataset task without `task.tokenizer` reads the
+checkpoint's tokenizer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from zkl.checkpoint_check import checkpoint_config
+from zkl.errors import ConfigError
+from zkl.models.config import ModelConfig
+
+_MODEL_KEY = re.compile(r"^[+~]*model\.([A-Za-z_][A-Za-z0-9_]*)=")
+_MODEL_GROUP = re.compile(r"^[+~]*model=")
+
+
+def hydra_overrides() -> list[str] | None:
+    """The task overrides of the running Hydra job (a multirun job's own), or None."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    return list(HydraConfig.get().overrides.task)
+
+
+def _stock(name: str, conf_dir: str) -> ModelConfig | None:
+    path = Path(conf_dir) / "model" / f"{name}.yaml"
+    if not path.is_file():
+        return None
+    merged = OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(path))
+    return OmegaConf.to_object(merged)
+
+
+def explicit_model_keys(model: ModelConfig, overrides: list[str], conf_dir: str) -> set[str]:
+    """`model.*` keys the user set: named in an override or differing from the group's YAML."""
+    keys = {m.group(1) for o in overrides if (m := _MODEL_KEY.match(o))}
+    stock = _stock(model.name, conf_dir)
+    if stock is not None:
+        keys |= {
+            f.name
+            for f in dataclasses.fields(ModelConfig)
+            if getattr(model, f.name) != getattr(stock, f.name)
+        }
+    return keys - {"checkpoint"}
+
+
+# Keys a user may set apart from config.json: not architecture (the name, where the weights
+# come from, the init scale no checkpoint uses); positions only lower than the checkpoint's.
+FREE_KEYS = ("name", "checkpoint", "init_std")
+
+
+def model_from_checkpoint(model: ModelConfig, explicit: set[str]) -> ModelConfig:
+    """`model` with every architecture key read from `model.checkpoint`'s config.json.
+
+    Each key in `explicit` must agree with config.json (max_position_embeddings may be set
+    lower: a shorter context), or ConfigError names it.
+    """
+    key = f"model.checkpoint={model.checkpoint}"
+    theirs = checkpoint_config(model)
+    for name in sorted(explicit - set(FREE_KEYS)):
+        mine, ckpt = getattr(model, name), getattr(theirs, name)
+        if name == "max_position_embeddings" and mine <= ckpt:
+            continue
+        if mine != ckpt:
+            raise ConfigError(
+                f"{key} has {name}={ckpt!r} in its config.json but model.{name}={mine!r}; "
+                f"drop the model.{name} override (the checkpoint fixes it)."
+            )
+    kept = {k: getattr(model, k) for k in ("init_std", "max_position_embeddings") if k in explicit}
+    name = model.name if "name" in explicit else Path(model.checkpoint).resolve().name
+    return dataclasses.replace(theirs, name=name, **kept)
+
+
+def resolve_checkpoint(cfg, overrides: list[str] | None, conf_dir: str):
+    """`cfg` with its model read from `model.checkpoint` when no model group was named, and
+    `task.tokenizer` defaulting to the checkpoint for a dataset task."""
+    overrides = overrides or []
+    if cfg.model.checkpoint and not any(_MODEL_GROUP.match(o) for o in overrides):
+        explicit = explicit_model_keys(cfg.model, overrides, conf_dir)
+        cfg.model = model_from_checkpoint(cfg.model, explicit)
+    task = cfg.task
+    if task.name == "dataset" and not task.tokenizer and cfg.model.checkpoint:
+        task.tokenizer = os.fspath(cfg.model.checkpoint)
+    return cfg

@@ -1,0 +1,158 @@
+"""`task=dataset`: prompts and answers from your own files, scored by a reward function.
+
+The files are local JSONL / JSON / Parquet (a path or a glob), read through HF `datasets`
+with the hub off. Every fault a user can make with the files, the keys, the tokenizer or
+the reward is one sentence before any model is built: a path that matches nothing, a
+column that is not there, an empty split, a tokenizer wider than the model, a reward
+function that cannot be imported or fails on the first example.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zkl.data.rewards import RewardError, call_reward, load_reward
+from zkl.data.tokenizer import HFTokenizer
+from zkl.errors import ConfigError
+
+BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+@dataclass(frozen=True)
+class Example:
+    index: int
+    prompt_text: str
+    answer: str
+    prompt_ids: tuple[int, ...]
+
+
+def _builder(path: str, key: str) -> str:
+    suffix = Path(path).suffix.lower()
+    if suffix not in BUILDERS:
+        raise ConfigError(
+            f"{key}={path} is not a {', '.join(BUILDERS)} file; convert it or name one that is."
+        )
+    return BUILDERS[suffix]
+
+
+def read_rows(path: str, key: str) -> list[dict[str, Any]]:
+    """The rows of one local split as dicts; one sentence for a missing, bad or empty file."""
+    files = glob.glob(path)
+    if not files:
+        raise ConfigError(f"{key}={path} matches no file.")
+    builder = _builder(path, key)
+    if all(os.path.getsize(f) == 0 for f in files):  # datasets' own error says StopIteration
+        raise ConfigError(f"{key}={path} has no rows; a task needs at least one example.")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local files only: never the hub
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its errors become ours
+    try:
+        ds = datasets.load_dataset(builder, data_files=path, split="train")
+    except Exception as err:  # datasets' and pyarrow's many parse errors
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"{key}={path} cannot be read as {builder} ({first}).") from None
+    if len(ds) == 0:
+        raise ConfigError(f"{key}={path} has no rows; a task needs at least one example.")
+    return ds.to_list()
+
+
+class DatasetTask:
+    """A train split (sampled each step) and an optional validation split of (prompt, answer)."""
+
+    def __init__(self, cfg, vocab_size: int):
+        self.cfg = cfg
+        if not cfg.path:
+            raise ConfigError("task=dataset needs task.path=FILE (a .jsonl or .parquet file).")
+        if not cfg.tokenizer:
+            raise ConfigError(
+                "task=dataset needs a tokenizer: set model.checkpoint=DIR (its tokenizer is "
+                "used) or task.tokenizer=DIR."
+            )
+        self.reward_fn = load_reward(cfg.reward)
+        self.tokenizer = HFTokenizer(cfg.tokenizer, cfg.chat_template)
+        if len(self.tokenizer) > vocab_size:
+            raise ConfigError(
+                f"task.tokenizer={cfg.tokenizer} has {len(self.tokenizer)} tokens but the model "
+                f"only {vocab_size} (model.vocab_size); use the checkpoint's own tokenizer."
+            )
+        self.train = self._examples(cfg.path, "task.path")
+        self.val = self._examples(cfg.val_path, "task.val_path") if cfg.val_path else []
+        self._probe()
+
+    def _examples(self, path: str, key: str) -> list[Example]:
+        rows = read_rows(path, key)
+        for column in ("prompt_key", "answer_key"):
+            name = getattr(self.cfg, column)
+            if name not in rows[0]:
+                raise ConfigError(
+                    f"task.{column}={name!r} is not a column of {key}={path} "
+                    f"(its columns: {', '.join(map(str, rows[0]))})."
+                )
+        out = []
+        for i, row in enumerate(rows):
+            prompt, answer = row[self.cfg.prompt_key], row[self.cfg.answer_key]
+            if not isinstance(prompt, str) or not prompt:
+                raise ConfigError(
+                    f"row {i} of {key}={path} has {self.cfg.prompt_key}={prompt!r}, not a "
+                    "non-empty text."
+                )
+            if answer is None:
+                raise ConfigError(f"row {i} of {key}={path} has no {self.cfg.answer_key}.")
+            ids = tuple(self.tokenizer.prompt_ids(prompt))
+            out.append(Example(i, prompt, str(answer), ids))
+        return out
+
+    def _probe(self) -> None:
+        """The reward of the first example's own answer, so a broken function stops here."""
+        first = self.train[0]
+        try:
+            call_reward(
+                self.reward_fn, self.cfg.reward, first.prompt_text, first.answer, first.answer
+            )
+        except RewardError as err:
+            raise ConfigError(
+                f"{err}, the first example's own answer, so no step could be scored; fix the "
+                "function or choose another task.reward."
+            ) from None
+
+    @property
+    def max_prompt_len(self) -> int:
+        return max(len(e.prompt_ids) for e in self.train + self.val)
+
+    def prompt(self, problem: Example) -> list[int]:
+        return list(problem.prompt_ids)
+
+    def problems(self, seed: int, step: int, count: int) -> list[Example]:
+        """`count` train examples for `step`: a seeded draw, without repeats while it can."""
+        rng = random.Random(seed * 1_000_003 + step)
+        if count <= len(self.train):
+            return rng.sample(self.train, count)
+        return [rng.choice(self.train) for _ in range(count)]
+
+    def validation_problems(self, limit: int = 0) -> list[Example]:
+        return self.val[:limit] if limit else list(self.val)
+
+    def varied_prompts(self, seed: int, count: int) -> list[list[int]]:
+        """Train prompts of the dataset itself (certification)."""
+        return [list(e.prompt_ids) for e in self.problems(seed, 0, count)]
+
+    def reward(self, problem: Example, response: list[int]) -> float:
+        text = self.tokenizer.response_text(response)
+        return call_reward(
+            self.reward_fn, self.cfg.reward, problem.prompt_text, text, problem.answer
+        )
+
+    def text_fields(self, prompt: list[int], response: list[int]) -> dict[str, str]:
+        """The decoded texts a token record carries beside its ids (specials kept)."""
+        return {
+            "prompt_text": self.tokenizer.decode(prompt),
+            "response_text": self.tokenizer.decode(response),
+        }

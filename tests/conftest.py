@@ -49,3 +49,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    """A run with `num_threads` sets torch's process-wide count; later tests get theirs back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)

@@ -56,6 +56,25 @@ def test_prefill_decode_and_scoring_agree_bitwise_up_to_32k():
     assert torch.equal(attn.attention(qg, kg, vg, pos), whole)  # the train forward
 
 
+def _decode_every_query(q, k, v) -> torch.Tensor:
+    """Each query of row 0 decoded alone (one decode row each, all reading slot 0): [H, T, D]."""
+    seq = q.shape[2]
+    at = torch.arange(seq, device=DEV)
+    q_dec = q[0, :, at].unsqueeze(2).transpose(0, 1)  # [T, H, 1, D]
+    slots = torch.zeros(seq, dtype=torch.long, device=DEV)
+    return attn.decode(q_dec, k[:1], v[:1], at.view(-1, 1), slots)[:, :, 0].transpose(0, 1)
+
+
+def test_decode_reproduces_every_query_of_scoring():
+    """Decode == scoring at every one of 4,096 queries (6.3M outputs: one flipped rounding
+    fails), at the 1.5B's heads and a weight-like scale."""
+    q, k, v = _qkv(1, 4096, seed=11)
+    q, k, v = q * 0.3, k * 0.3, v * 0.05
+    pos = torch.arange(4096, device=DEV).expand(1, 4096)
+    whole = attn.attention(q, k, v, pos)[0]
+    assert int((_decode_every_query(q, k, v) != whole).sum()) == 0
+
+
 def test_decode_bits_do_not_follow_the_batch_or_its_split():
     """A row alone and among 64 rows of other contexts (another split of the key range)."""
     seq = 9000

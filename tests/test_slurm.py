@@ -20,6 +20,7 @@ import pytest
 from conftest import make_cfg
 from html_tables import parse_tables
 
+from zkl.report.tables import md_escape
 from zkl.rl.loop import TIMING_PREFIXES, run
 from zkl.tracking.wandb_reader import read_history, read_run_info
 
@@ -116,7 +117,7 @@ def test_bad_config_fails_only_its_job(tmp_path):
     assert sentence.startswith("model.max_position_embeddings=128 is shorter than")
     assert "\n" not in sentence and sentence.endswith("max_new_tokens needs.")
     assert bad["status"][0] == "failed" and bad["error"][0] == sentence
-    assert sentence in (sweep / "report.md").read_text()
+    assert md_escape(sentence) in (sweep / "report.md").read_text()  # its Markdown form
 
 
 class Sweep:
@@ -217,3 +218,22 @@ def test_job_past_its_time_limit_resumes_bitwise(long_jobs):
     resumed = [int(s) for s in re.findall(r"zkl: resuming \S+ from step (\d+)", log)]
     assert resumed and resumed[-1] > 0  # it really continued from a checkpoint
     assert _without_timing(_rows(sweep.dir / "0" / "metrics.jsonl")) == reference
+
+
+def test_two_task_job_runs_at_world_size_2(tmp_path):
+    """`hydra/launcher=slurm trainer.world_size=2`: one job of 2 Slurm tasks, one rank each
+    (they meet through submitit's distributed environment), exactly zero at every step."""
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "zkl", "-m", "hydra/launcher=slurm", f"hydra.sweep.dir={sweep}"]
+    cmd += [*ONE_BED, "trainer.world_size=2", "rl.steps=3", "num_threads=1", *TINY]
+    cmd += ["tracking.wandb.mode=disabled", "hydra.launcher.timeout_min=10"]
+    out = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    (job,) = _slurm_jobs(sweep)
+    assert _state(job) == "COMPLETED"
+    tasks = sorted(p.name for p in (sweep / ".submitit" / job).glob("*_log.err"))
+    assert tasks == [f"{job}_0_log.err", f"{job}_1_log.err"], tasks
+    rows = _rows(sweep / "0" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert all(r["train/max_abs_logprob_diff"] == 0.0 for r in rows)
+    assert all(r["weights/changed_tensors"] > 0 for r in rows)

@@ -80,7 +80,7 @@ def test_launcher_presets_compose():
         assert launcher["gpus_per_node"] == gpus, (layout, backend)
     slurm = _launcher("hydra/launcher=slurm", "hydra.launcher.partition=cpu")
     assert slurm["_target_"].endswith("submitit_launcher.SlurmLauncher")
-    assert (slurm["partition"], slurm["cpus_per_task"], slurm["max_num_timeout"]) == ("cpu", 1, 3)
+    assert (slurm["partition"], slurm["cpus_per_task"], slurm["max_num_timeout"]) == ("cpu", 1, 24)
     local = _launcher("hydra/launcher=local")
     assert local["_target_"].endswith("submitit_launcher.LocalLauncher")
 
@@ -122,3 +122,19 @@ def test_local_launcher_runs_each_job_in_its_own_directory(tmp_path):
     assert {r.flat["kv.mode"] for r in sources.runs} == {"recompute", "persist"}
     assert all(r.status == "complete" for r in sources.runs)
     assert (tmp_path / ".submitit").is_dir()
+
+
+def test_probe_decode_rows_names_the_op_that_breaks_a_row():
+    """scripts/probe_decode_rows.py on the CPU: with the attention fix off it traces a batched
+    row against its solo run and names attention; in zero mode decode and scoring agree."""
+    script = [sys.executable, str(REPO / "scripts" / "probe_decode_rows.py"), "--device", "cpu"]
+    tiny = ["--batch", "6", "--new", "4", "--solo", "6", "model=tiny_dense"]
+    off = subprocess.run(
+        [*script, *tiny, "fixes.attention_fixed_split=false"],
+        capture_output=True, text=True, check=True, cwd=REPO,
+    )  # fmt: skip
+    assert '"op": "attention"' in off.stdout, off.stdout
+    zero = subprocess.run(
+        [*script, *tiny, "--trace", "3", "2"], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    assert '"mismatching_requests": 0' in zero.stdout and '"equal_calls": 25' in zero.stdout

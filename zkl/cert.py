@@ -86,9 +86,11 @@ def folder_name(value: str, key: str) -> str:
 
 
 def bed_name(cfg: ZklConfig) -> str:
-    """`model/layout/precision/kv_mode`: a path under the run directory, checked part by part."""
+    """`model/layout/precision/kv_mode[/wsN]`: a path under the run directory, checked part
+    by part; a sharded trainer's world size is its own level."""
     parts = [folder_name(operator.attrgetter(k)(cfg), k) for k in FOLDER_KEYS]
-    return "{}/{}/{}/kv_{}".format(*parts)
+    ranks = f"/ws{cfg.trainer.world_size}" if cfg.trainer.world_size > 1 else ""
+    return "{}/{}/{}/kv_{}".format(*parts) + ranks
 
 
 def bed_dir(run_dir: Path, run: Run) -> Path:
@@ -138,6 +140,11 @@ def cert_requests(cfg: ZklConfig, task, seed: int) -> list[Request]:
 def check(cfg: ZklConfig) -> None:
     """Every config check the run of `cfg` makes, made before any bed starts."""
     task = build_task(cfg.task, cfg.model.vocab_size)
+    if cfg.cert.steps == 0 and cfg.trainer.world_size > 1:
+        raise ConfigError(
+            "cert.steps=0 runs in one process; certify trainer.world_size="
+            f"{cfg.trainer.world_size} with cert.steps=N (N >= 2): its ranks run N GRPO steps."
+        )
     if cfg.cert.steps == 0:
         longest = max(len(r.prompt) for r in cert_requests(cfg, task, cfg.seed))
         validate(cfg, len(task.tokenizer), longest + 1 + cfg.sampling.max_new_tokens)

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from zkl import checkpoint_file, environment, invariance
+from zkl import checkpoint_file, distributed, environment, invariance
 from zkl.config import ConfigError, ZklConfig
 from zkl.tracking.run_log import METRICS_FILE, TOKENS_FILE
 
@@ -200,10 +200,16 @@ class Resume:
     step: int = 0
     state: dict[str, Any] | None = None
     wandb_id: str | None = None
+    run_dir: str | None = None
 
     def restore(self, policy) -> None:
         """Load the saved policy and RNG states (nothing for a fresh run)."""
         if self.state is None:
+            return
+        if "shards" in self.state:  # a sharded run's (zkl/distributed/checkpoint.py)
+            from zkl.distributed.checkpoint import restore
+
+            restore(self, policy, self.run_dir)
             return
         policy.load_state_dict(self.state["policy"])
         rng = self.state["rng"]
@@ -256,7 +262,7 @@ def prepare(cfg: ZklConfig, run_dir: str | Path) -> Resume:
     step = state["step"]
     trim_logs(run_dir, step)
     print(f"zkl: resuming {run_dir} from step {step}", file=sys.stderr)
-    return Resume(step, state, state["wandb_id"])
+    return Resume(step, state, state["wandb_id"], str(run_dir))
 
 
 def checkpoint_bytes(cfg: ZklConfig) -> int:
@@ -298,6 +304,10 @@ def _check_disk(cfg: ZklConfig, run_dir: Path) -> None:
 
 def save(run_dir: str | Path, cfg: ZklConfig, policy, next_step: int, log, requeue: bool) -> None:
     """Write the state before `next_step` atomically, with its digest (zkl/checkpoint_file.py)."""
+    if policy.world.sharded:  # every rank writes its shards (a collective)
+        from zkl.distributed.checkpoint import save as save_sharded
+
+        return save_sharded(run_dir, cfg, policy, next_step, log, requeue)
     rng = {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),
@@ -343,7 +353,8 @@ class StopSignals:
 
     def act(self) -> None:
         """Hand the signal to its earlier handler (submitit's requeues), else exit."""
-        sig = preempt_signal() if self.preempted else self.received[0]
+        # a rank of a sharded run may stop on another rank's signal
+        sig = preempt_signal() if self.preempted else (self.received or [signal.SIGTERM])[0]
         handler = self.previous.get(sig)
         self.__exit__()
         if callable(handler):
@@ -400,7 +411,7 @@ class Saver:
     def after_step(self, step: int) -> None:
         """Call once the step is logged: save if it is time, then act on a stop signal."""
         every, last = self.cfg.checkpoint.every, step + 1 == self.cfg.rl.steps
-        stop = bool(self.signals.received) and not last
+        stop = distributed.current().any(bool(self.signals.received)) and not last  # all ranks
         due = last or stop or (every and (step + 1) % every == 0)
         if due and self.cfg.checkpoint.save:
             requeue = stop and self.signals.preempted

@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import hashlib
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,22 @@ POLICY_FIELDS: dict[str, tuple[type, ...]] = {
     "optimizer": (dict,),
     "version": (int,),
 }
+# a sharded run's checkpoint.pt (zkl/distributed/checkpoint.py): the shards are files of
+# their own, each rank's digest of its shards is kept here and checked after loading them
+SHARDED_FIELDS: dict[str, tuple[type, ...]] = {
+    "format": (int,),
+    "step": (int,),
+    "shards": (str,),
+    "version": (int,),
+    "world_size": (int,),
+    "rng": (list,),
+    "shard_digests": (list,),
+    "wandb_id": (str, type(None)),
+    "config": (dict,),
+    "requeue": (bool,),
+    DIGEST_KEY: (str,),
+}
+SHARDS_NAME = re.compile(r"checkpoint_shards/step_\d{6}")
 RNG_FIELDS: dict[str, tuple[type, ...]] = {
     "torch": (torch.Tensor,),
     "python": (tuple,),
@@ -150,9 +167,12 @@ def _problem(path: Path, max_step: int) -> tuple[str, dict[str, Any] | None]:
         return f"holds a {type(state).__name__}, not a checkpoint", None
     if "format" in state and state["format"] != FORMAT:
         return f"has checkpoint format {state['format']!r}, not {FORMAT} (another zkl)", None
-    problem = _check_fields("", state, FIELDS)
-    problem = problem or _check_fields("policy.", state["policy"], POLICY_FIELDS)
-    problem = problem or _check_fields("rng.", state["rng"], RNG_FIELDS)
+    if "shards" in state:
+        problem = _check_fields("", state, SHARDED_FIELDS) or _sharded_problem(state)
+    else:
+        problem = _check_fields("", state, FIELDS)
+        problem = problem or _check_fields("policy.", state["policy"], POLICY_FIELDS)
+        problem = problem or _check_fields("rng.", state["rng"], RNG_FIELDS)
     if problem:
         return problem, None
     try:
@@ -161,7 +181,8 @@ def _problem(path: Path, max_step: int) -> tuple[str, dict[str, Any] | None]:
         return f"holds an unexpected value ({err})", None
     if actual != state[DIGEST_KEY]:
         return "does not match its digest (its contents were damaged)", None
-    step, version = state["step"], state["policy"]["version"]
+    step = state["step"]
+    version = state["version"] if "shards" in state else state["policy"]["version"]
     if step < 1:
         return f"has step {step}, not a step a run saves after (1 or more)", None
     if step > max_step:
@@ -169,6 +190,21 @@ def _problem(path: Path, max_step: int) -> tuple[str, dict[str, Any] | None]:
     if version != step:
         return f"has weight version {version}, not its step {step}", None
     return "", state
+
+
+def _sharded_problem(state: dict[str, Any]) -> str | None:
+    """What is wrong with a sharded checkpoint's own fields (None when nothing is)."""
+    if not SHARDS_NAME.fullmatch(state["shards"]):  # never a path out of the run directory
+        return f"names shards {state['shards']!r}, not checkpoint_shards/step_NNNNNN"
+    size = state["world_size"]
+    if isinstance(size, bool) or size < 1:
+        return f"has world_size {size!r}, not 1 or more"
+    for name in ("rng", "shard_digests"):
+        if len(state[name]) != size:
+            return f"has {len(state[name])} {name} entries for world_size {size}"
+    if not all(isinstance(d, str) for d in state["shard_digests"]):
+        return "has a shard digest that is not a string"
+    return None
 
 
 def read(path: str | Path, max_step: int) -> dict[str, Any]:

@@ -21,6 +21,8 @@ from zkl.checkpoint_check import check_checkpoint
 from zkl.config_checkpoint import hydra_overrides, resolve_checkpoint
 from zkl.config_keys import reject_unknown_keys
 from zkl.device import check_device, generator_device, resolve_device
+from zkl.distributed.checks import check_trainer
+from zkl.distributed.config import TrainerConfig
 from zkl.errors import ConfigError
 from zkl.generation.graphs import GRAPH_SETTINGS, graph_setting
 from zkl.invariance import FIXES
@@ -202,6 +204,7 @@ class ZklConfig:
     fixes: FixesConfig = field(default_factory=FixesConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
     resume: bool = False  # continue from run_dir/checkpoint.pt (zkl/checkpoint.py)
     zero_train_gen_mismatch: bool = True
     seed: int = 0
@@ -434,6 +437,7 @@ def validate(
     if cfg.num_threads < 0:
         raise ConfigError(f"num_threads={cfg.num_threads} must be >= 0 (0: torch's default).")
     check_limits(cfg)
+    check_trainer(cfg)
     positions_needed = positions_needed or default_positions(cfg)
     if vocab_needed is not None and cfg.model.vocab_size < vocab_needed:
         raise ConfigError(

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 from typing import Any
 
 import torch
 
+from zkl.distributed.checks import sharded
 from zkl.errors import ConfigError
 from zkl.invariance import resolve
 from zkl.models.config import ModelConfig
@@ -28,8 +30,12 @@ BLOCK = 16  # prefix-cache block (zkl.generation.prefix_cache.BLOCK)
 
 # what to change when a part is the largest: the sentence names these keys
 ADVICE = {
-    "weights and optimizer state": "use a smaller model (model=...); a bf16 parameter with "
-    "its fp32 master, AdamW state and gradients takes 20 bytes",
+    "weights and optimizer state": "raise trainer.world_size to shard them over more ranks "
+    "(GPUs), or use a smaller model (model=...); a bf16 parameter with its fp32 master, AdamW "
+    "state and gradients takes 20 bytes, 16 of them divided by the world size",
+    "generator weights": "every rank's generator holds the whole model: set "
+    "trainer.offload=true to keep the trainer's shards in host memory, or use a smaller "
+    "model (model=...)",
     "KV cache": "lower engine.max_batch_size or sampling.max_new_tokens",
     "prefix cache": "lower engine.prefix_cache_blocks",
     "rotary tables": "lower model.max_position_embeddings",
@@ -41,10 +47,12 @@ ADVICE = {
     "rl.samples_per_prompt",
     "rollout records": "lower rl.prompts_per_step or rl.samples_per_prompt",
     "processes": "free memory on this machine",
+    "offloaded shards": "set trainer.offload=false, or raise trainer.world_size over more "
+    "nodes (hydra.launcher.nodes)",
     "generator weights and refit buffer": "use a smaller model (model=...) or a GPU with "
     "more free memory (layout.generator_device)",
 }
-HOST_ONLY = ("rollout records", "processes")
+HOST_ONLY = ("rollout records", "processes", "offloaded shards")
 
 
 def _hybrid_layer_params(m: ModelConfig, kind: str, attn: int) -> int:
@@ -120,9 +128,47 @@ def mamba_scan_bytes(m: ModelConfig, sequences: int, positions: int) -> float:
     return 2.0 * sequences * math.ceil(positions / q) * q * q * m.mamba_num_heads * width * 4
 
 
+def _largest_layer(m: ModelConfig) -> int:
+    """Parameters of the largest decoder layer (what FSDP all-gathers at a time)."""
+    one = replace(m, num_hidden_layers=1, vocab_size=0, mlp_only_layers=[])
+    if m.family == "nemotron_h":
+        pattern = m.hybrid_override_pattern
+        return max(
+            param_count(replace(one, hybrid_override_pattern=k)) for k in set(pattern) or {"M"}
+        )
+    sparse = replace(one, decoder_sparse_step=1) if m.is_moe else one
+    return max(param_count(one), param_count(sparse))
+
+
+def sharded_weights(cfg: Any) -> dict[str, float]:
+    """Per-rank bytes of a sharded trainer (zkl/distributed/fsdp.py) and its generator.
+
+    Each rank holds 1/world_size of the fp32 masters, their fp32 gradients and AdamW's two
+    moments; while a layer runs, its whole bf16 weights (this one and the next, prefetched)
+    and their bf16 gradients; the embeddings (the root group) whole; and its generator's
+    whole model (plus a dedicated generator's refit buffers).
+    """
+    m, t = cfg.model, cfg.trainer
+    c = 2 if cfg.precision.compute_dtype == "bfloat16" else 4
+    p = param_count(m)
+    master = 4 if cfg.precision.master_weights_fp32 or c == 4 else c
+    shards = 0.0 if t.offload else p * (master + 4 + 8) / t.world_size  # offload: on the host
+    embeddings = m.vocab_size * m.hidden_size * (1 if m.tie_word_embeddings else 2)
+    transient = (3 * _largest_layer(m) + 2 * embeddings) * c
+    generator = p * c * (3 if cfg.layout.name == "dedicated" else 1)
+    if cfg.precision.linear_quant != "none":
+        generator += p * c  # the engine's cached quantized weights
+    if cfg.rl.kl_coef > 0:
+        shards += p * c  # the frozen reference model, whole on every rank
+    return {"weights and optimizer state": shards + transient, "generator weights": generator}
+
+
 def estimate(cfg: Any, positions: int) -> dict[str, float]:
     """Bytes of each large part of a run whose sequences are `positions` tokens long, on the
-    trainer's device (with `layout.backend=nccl` the generator's GPU is `generator_estimate`)."""
+    trainer's device (with `layout.backend=nccl` the generator's GPU is `generator_estimate`);
+    for a sharded trainer, one rank's (its share of the step's sequences)."""
+    if sharded(cfg):
+        return _sharded_estimate(cfg, positions)
     m, rl = cfg.model, cfg.rl
     c, kv_token, layer_token = _token_bytes(cfg, positions)
     p = param_count(m)
@@ -162,6 +208,26 @@ def estimate(cfg: Any, positions: int) -> dict[str, float]:
         "rollout records": float(samples * positions * RECORD_BYTES_PER_TOKEN),
         "processes": PROCESS_BYTES * (1 + dedicated),
     }
+
+
+def _sharded_estimate(cfg: Any, positions: int) -> dict[str, float]:
+    """`estimate` of one rank: the unsharded run's activations for its share of sequences."""
+    ws = cfg.trainer.world_size
+    rl = cfg.rl
+    share = replace(
+        cfg,
+        rl=replace(rl, prompts_per_step=max(1, math.ceil(rl.prompts_per_step / ws))),
+        trainer=replace(cfg.trainer, world_size=1, fsdp=False),
+        layout=replace(cfg.layout, name="colocated"),
+    )
+    parts = estimate(share, positions)
+    parts.update(sharded_weights(cfg))
+    parts["processes"] = PROCESS_BYTES * (1 + (cfg.layout.name == "dedicated"))
+    if cfg.trainer.offload:
+        m = cfg.precision.master_weights_fp32 or cfg.precision.compute_dtype == "float32"
+        per = (4 if m else 2) + 4 + 8
+        parts["offloaded shards"] = param_count(cfg.model) * per / cfg.trainer.world_size
+    return parts
 
 
 def _engine_parts(cfg: Any, positions: int) -> dict[str, float]:
@@ -255,4 +321,7 @@ def check_memory(cfg: Any, positions: int) -> None:
             device = generator_device(cfg)
             free, _ = torch.cuda.mem_get_info(device)
             _refuse(generator, free, f"the generator's GPU ({device})")
+    if sharded(cfg):  # the ranks on this machine share its memory
+        local = int(os.environ.get("LOCAL_WORLD_SIZE") or cfg.trainer.world_size)
+        parts = {k: v * local for k, v in parts.items()}
     _refuse(parts, available_bytes(), "this machine")

@@ -66,13 +66,16 @@ def score(
     responses: list[list[int]],
     temperatures: list[float] | None = None,
     micro_batch_size: int = 0,
+    device: torch.device | None = None,
 ) -> list[torch.Tensor]:
     """Train-path logprobs of each response's tokens, fp32 on the CPU, one tensor per sequence.
 
-    `micro_batch_size` > 0 splits the forward into groups of that many sequences.
+    `micro_batch_size` > 0 splits the forward into groups of that many sequences. `device`
+    is where the forward computes (default: the parameters'; FSDP's host offload keeps the
+    parameters on the CPU and computes on the GPU).
     """
     size = micro_batch_size or len(prompts)
-    device = next(model.parameters()).device
+    device = device or next(model.parameters()).device
     out: list[torch.Tensor] = []
     for lo in range(0, len(prompts), size):
         p, r = prompts[lo : lo + size], responses[lo : lo + size]

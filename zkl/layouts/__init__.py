@@ -40,9 +40,10 @@ def load_refit(model: torch.nn.Module, payload: dict[str, torch.Tensor]) -> None
     if set(params) != set(payload):
         missing = sorted(set(params) ^ set(payload))
         raise RuntimeError(f"refit payload does not match the model's parameters: {missing[:4]}")
+    shape = getattr(payload, "shape", lambda name: payload[name].shape)  # lazy: no gather
     for name, p in params.items():
-        if p.shape != payload[name].shape:
-            raise RuntimeError(f"refit tensor {name} has shape {tuple(payload[name].shape)}")
+        if p.shape != shape(name):
+            raise RuntimeError(f"refit tensor {name} has shape {tuple(shape(name))}")
     with torch.no_grad():
         for name, p in params.items():
             p.copy_(payload[name])
@@ -88,7 +89,7 @@ def build_generator(cfg, policy, eos_id: int, run_dir=None) -> Generator:
     if cfg.layout.name == "dedicated":
         from zkl.layouts.dedicated import DedicatedGenerator
 
-        return DedicatedGenerator(cfg, eos_id, run_dir)
+        return DedicatedGenerator(cfg, eos_id, run_dir, policy.world.rank)
     from zkl.layouts.colocated import ColocatedGenerator
 
     return ColocatedGenerator(cfg, policy, eos_id)

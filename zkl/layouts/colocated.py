@@ -14,11 +14,12 @@ class ColocatedGenerator:
     """Shares the trainer's model object, so a refit moves no bytes.
 
     With `refit_exactness` off it keeps its own copy, loaded the lossy way a converting
-    refit would (every tensor cast to the compute dtype).
+    refit would (every tensor cast to the compute dtype). A sharded trainer's rank holds
+    shards only: its generator keeps whole weights, refitted in place from the all-gather.
     """
 
     def __init__(self, cfg, policy, eos_id: int):
-        self.shared = is_enabled("refit_exactness")
+        self.shared = is_enabled("refit_exactness") and not policy.world.sharded
         model = policy.model if self.shared else build_generation_model(cfg)
         self.engine = build_engine(cfg, model, eos_id)
         self.gen_dtype = DTYPES[cfg.precision.compute_dtype]

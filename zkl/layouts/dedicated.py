@@ -102,8 +102,30 @@ def transport(cfg) -> str:
     return "cuda_ipc" if resolve_device(cfg.device).type == "cuda" else "gloo"
 
 
-def _init_group(cfg, store_file: str, rank: int) -> None:
+_PRIVATE: list = []  # a sharded trainer's refit group: its default group is its ranks'
+
+
+def _init_private_group(cfg, store_file: str, rank: int) -> None:
+    """The two-rank gloo group of one trainer rank and its generator, outside the default
+    group (which, in a sharded trainer, holds the trainer's ranks); a FileStore, no socket."""
+    timeout = timedelta(seconds=cfg.layout.timeout_s)
+    loopback_only()
+    store = dist.FileStore(store_file, 2)
+    _PRIVATE[:] = [store, dist.ProcessGroupGloo(store, rank, 2, timeout)]
+
+
+def _broadcast(flat: torch.Tensor) -> None:
+    """Rank 0's `flat` into the other's: over the private group when there is one."""
+    if _PRIVATE:
+        _PRIVATE[1].broadcast(flat, 0).wait()
+    else:
+        dist.broadcast(flat, src=0)
+
+
+def _init_group(cfg, store_file: str, rank: int, private: bool = False) -> None:
     """The two-rank group of a broadcast transport; rank 0 the trainer, rank 1 the generator."""
+    if private:
+        return _init_private_group(cfg, store_file, rank)
     kind = transport(cfg)
     device = resolve_device(cfg.device) if rank == 0 else generator_device(cfg)
     if kind == "nccl":
@@ -119,8 +141,11 @@ def _init_group(cfg, store_file: str, rank: int) -> None:
     )
 
 
-def _abort_group() -> None:
+def _abort_group(private: bool = False) -> None:
     """Tear the group down; NCCL's is aborted, so a peer that is gone cannot hang it."""
+    if private:
+        _PRIVATE.clear()
+        return
     if not dist.is_initialized():
         return
     if dist.get_backend() == "nccl":
@@ -139,18 +164,23 @@ class DedicatedGenerator:
     directory and its exit code or signal is the one sentence the trainer fails with.
     """
 
-    def __init__(self, cfg, eos_id: int, run_dir: str | Path | None = None):
+    def __init__(self, cfg, eos_id: int, run_dir: str | Path | None = None, rank: int = 0):
+        # a sharded trainer's rank keeps the default group for its ranks, and each rank's
+        # generator writes its own stderr file
+        self.private = dist.is_initialized()
         self.gen_dtype = DTYPES[cfg.precision.compute_dtype]
         self.device = resolve_device(cfg.device)
         self.timeout = cfg.layout.timeout_s
         self.transport = transport(cfg)
-        self.stderr_path = Path(run_dir) / STDERR_FILE if run_dir is not None else None
+        name = STDERR_FILE if rank == 0 else STDERR_FILE.replace(".log", f".rank{rank}.log")
+        self.stderr_path = Path(run_dir) / name if run_dir is not None else None
         self.store_file = _rendezvous_file()
         ctx = mp.get_context("spawn")
         self.conn, child_conn = ctx.Pipe()
         threads = torch.get_num_threads()
         stderr = str(self.stderr_path) if self.stderr_path else None
         args = (cfg, invariance.active(), eos_id, self.store_file, child_conn, threads, stderr)
+        args += (True,) if self.private else ()
         self.proc = ctx.Process(target=_worker, args=args, daemon=True)
         self._busy = True  # a request is out: close() kills instead of asking to stop
         with _sigint_ignored():  # the child starts with Ctrl-C ignored: the parent stops it
@@ -160,7 +190,8 @@ class DedicatedGenerator:
             self._expect("alive")
             if self.transport in BROADCAST:
                 self._watch(
-                    "the rendezvous with", lambda: _init_group(cfg, self.store_file, rank=0)
+                    "the rendezvous with",
+                    lambda: _init_group(cfg, self.store_file, 0, self.private),
                 )
             self._expect("ready")
         except BaseException:
@@ -248,7 +279,7 @@ class DedicatedGenerator:
             self._send(("refit", version, manifest, flat))
         else:
             self._send(("refit", version, manifest, flat.numel()))
-            self._watch("the weight transfer to", lambda: dist.broadcast(flat, src=0))
+            self._watch("the weight transfer to", lambda: _broadcast(flat))
         (got,) = self._expect("refitted")  # `flat` stays alive until the copy is done
         if got != version:
             raise RunFault(f"the generation process acknowledged version {got}, not {version}.")
@@ -265,7 +296,7 @@ class DedicatedGenerator:
         self._expect("probing")
         t0 = time.perf_counter()
         for _ in range(repeats):
-            self._watch("the bandwidth probe with", lambda: dist.broadcast(flat, src=0))
+            self._watch("the bandwidth probe with", lambda: _broadcast(flat))
         self._expect("probed")
         return nbytes * repeats / (time.perf_counter() - t0) / 1e9
 
@@ -283,7 +314,7 @@ class DedicatedGenerator:
             self.proc.kill()
             self.proc.join(timeout=5)
         self.conn.close()
-        _abort_group()
+        _abort_group(self.private)
         shutil.rmtree(os.path.dirname(self.store_file), ignore_errors=True)
 
 
@@ -300,7 +331,16 @@ def _sigint_ignored():
         signal.signal(signal.SIGINT, old)
 
 
-def _worker(cfg, fixes, eos_id: int, store: str, conn, threads: int, stderr: str | None) -> None:
+def _worker(
+    cfg,
+    fixes,
+    eos_id: int,
+    store: str,
+    conn,
+    threads: int,
+    stderr: str | None,
+    private: bool = False,
+) -> None:
     """The generation process: build the engine, then serve refit / generate until stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     if stderr is not None:
@@ -319,7 +359,7 @@ def _worker(cfg, fixes, eos_id: int, store: str, conn, threads: int, stderr: str
             torch.cuda.set_device(own)
         device = own if kind == "nccl" else torch.device("cpu")  # where broadcasts land
         if kind in BROADCAST:
-            _init_group(cfg, store, rank=1)
+            _init_group(cfg, store, 1, private)
         with invariance.enabled(fixes):
             engine = build_engine(cfg, build_generation_model(cfg), eos_id)
             conn.send(("ready",))
@@ -333,7 +373,7 @@ def _worker(cfg, fixes, eos_id: int, store: str, conn, threads: int, stderr: str
                         flat = payload
                     else:
                         flat = torch.empty(payload, dtype=torch.uint8, device=device)
-                        dist.broadcast(flat, src=0)
+                        _broadcast(flat)
                     load_refit(engine.model, unpack(manifest, flat))
                     if flat.is_cuda:
                         torch.cuda.current_stream(flat.device).synchronize()
@@ -345,7 +385,7 @@ def _worker(cfg, fixes, eos_id: int, store: str, conn, threads: int, stderr: str
                     flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
                     conn.send(("probing",))
                     for _ in range(repeats):
-                        dist.broadcast(flat, src=0)
+                        _broadcast(flat)
                     if flat.is_cuda:
                         torch.cuda.current_stream(flat.device).synchronize()
                     del flat
@@ -364,4 +404,4 @@ def _worker(cfg, fixes, eos_id: int, store: str, conn, threads: int, stderr: str
             conn.send(("error", f"{type(err).__name__}: {err}".splitlines()[0][:300]))
         sys.exit(1)
     finally:
-        _abort_group()
+        _abort_group(private)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -18,20 +18,21 @@ from tqdm import tqdm
 from zkl import checkpoint, environment, invariance, run_lock
 from zkl.config import ZklConfig, validate
 from zkl.data.rewards import RewardError
-from zkl.errors import NonFinite
-from zkl.generation.engine import Completion, Request
+from zkl.distributed import launch
+from zkl.errors import NonFinite, RunFault
+from zkl.generation.engine import Completion, EngineStats, Request
 from zkl.generation.sampling import SamplingParams
 from zkl.layouts import build_generator
 from zkl.metrics import mismatch_metrics
 from zkl.rl.evaluate import val_due, validate_policy
 from zkl.rl.grpo import group_advantages
-from zkl.rl.policy import Policy, UpdateBatch
+from zkl.rl.policy import Policy, UpdateBatch, weight_digests
 from zkl.rl.task import build_task
 from zkl.scoring import score
-from zkl.tracking.run_log import RunLog, read_metrics
+from zkl.tracking.run_log import NullLog, RunLog, read_metrics
 
 TIMING_PREFIXES = ("timing/", "perf/")
-_INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+__all__ = ["run", "train_step", "weight_digests"]
 
 
 @dataclass
@@ -77,20 +78,6 @@ def token_records(step: int, completions, lp_train, rewards, limit: str) -> list
     ]
 
 
-def weight_digests(state: dict[str, torch.Tensor]) -> torch.Tensor:
-    """[num_tensors, 2] int64 fingerprints of each tensor's bits: their sum and sum of squares.
-
-    Equal bits give equal rows, so an update that leaves the weights a refit sends unchanged
-    (all advantages zero, a learning rate below bf16's resolution) shows as no changed row;
-    the certificate fails such a step. Cheaper than keeping a copy of the weights.
-    """
-    rows = []
-    for t in state.values():
-        bits = t.detach().reshape(-1).view(_INT_OF_SIZE[t.element_size()]).long()
-        rows.append(torch.stack([bits.sum(), (bits * bits).sum()]))
-    return torch.stack(rows)
-
-
 def validate_run(cfg: ZklConfig, task) -> None:
     """The config check for a run of `task`: its tokenizer and prompt length included."""
     validate(
@@ -111,17 +98,39 @@ def run(cfg: ZklConfig, run_dir: str | Path, progress: bool | None = None) -> li
     task = build_task(cfg.task, cfg.model.vocab_size)
     validate_run(cfg, task)
     environment.check(wandb_on=cfg.tracking.wandb.mode != "disabled")
+    if not launch.owns_run_dir():  # a rank its spawner (or rank 0) holds the lock for
+        return _join_and_run(cfg, task, run_dir, progress)
     with run_lock.held(run_dir):
-        return _run(cfg, task, run_dir, progress)
+        if launch.must_spawn(cfg):  # trainer.world_size ranks started here, each running `run`
+            checkpoint.prepare(cfg, run_dir)  # its refusals, before any rank starts
+            return launch.spawn(cfg, run_dir, progress)
+        return _join_and_run(cfg, task, run_dir, progress)
 
 
-def _run(cfg: ZklConfig, task, run_dir: str | Path, progress: bool | None) -> list[dict[str, Any]]:
-    resume = checkpoint.prepare(cfg, run_dir)
+def _join_and_run(cfg: ZklConfig, task, run_dir, progress: bool | None) -> list[dict[str, Any]]:
+    world = launch.join(cfg)
+    finished = False
+    try:
+        rows = _run(cfg, task, run_dir, progress, world)
+        finished = True
+        return rows
+    except RuntimeError as err:  # gloo's "connection reset by peer": which rank is gone
+        if world.watchdog is not None and not isinstance(err, RunFault):
+            world.watchdog.diagnose()
+        raise
+    finally:
+        launch.leave(world, finished)
+
+
+def _run(cfg: ZklConfig, task, run_dir, progress: bool | None, world) -> list[dict[str, Any]]:
+    from zkl.distributed.checkpoint import prepare
+
+    resume = prepare(cfg, run_dir, world)
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     fixes = invariance.resolve(cfg.zero_train_gen_mismatch, vars(cfg.fixes))
     rows: list[dict[str, Any]] = read_metrics(run_dir) if resume.step else []
-    log = RunLog(run_dir, cfg, wandb_id=resume.wandb_id)
+    log = RunLog(run_dir, cfg, wandb_id=resume.wandb_id) if world.is_main else NullLog()
     log.replay_to_wandb(rows)
     generator = None
     try:
@@ -130,7 +139,7 @@ def _run(cfg: ZklConfig, task, run_dir: str | Path, progress: bool | None) -> li
             resume.restore(policy)
             generator = build_generator(cfg, policy, task.tokenizer.eos_id, run_dir)
             generator.refit(policy.refit_state(), policy.version)
-            show = cfg.tracking.progress if progress is None else progress
+            show = (cfg.tracking.progress if progress is None else progress) and world.is_main
             steps = range(resume.step, cfg.rl.steps)
             bar = tqdm(steps, "grpo", cfg.rl.steps, disable=not show, initial=resume.step)
             with bar, checkpoint.Saver(cfg, run_dir, policy, log) as saver:
@@ -163,15 +172,21 @@ def train_step(
     cfg: ZklConfig, task, policy: Policy, generator, step: int, log: RunLog, extra=None
 ) -> dict:
     """rollout -> score -> metrics -> update -> refit, logged (with `extra`) before returning."""
+    world = policy.world  # above one rank: each generates and scores its share, then gathers
     problems, requests = make_requests(cfg, task, step)
     t0 = time.perf_counter()
-    completions, stats = generator.generate(arrival_order(requests, cfg.rl.samples_per_prompt))
+    mine = world.share(requests)
+    completions, stats = generator.generate(arrival_order(mine, cfg.rl.samples_per_prompt))
     completions.sort(key=lambda c: c.request_id)  # back to request order: groups of G
+    completions, stats = world.gather(completions), sum_stats(world.gather([stats]))
     t1 = time.perf_counter()
     prompts = [c.prompt for c in completions]
     responses = [c.tokens for c in completions]
     temps = [r.params.temperature for r in requests]
-    lp_train = score(policy.model, prompts, responses, temps, cfg.rl.score_micro_batch)
+    shares = (world.share(prompts), world.share(responses), world.share(temps))
+    lp_train = world.gather(
+        score(policy.model, *shares, cfg.rl.score_micro_batch, device=policy.device)
+    )
     t2 = time.perf_counter()
     lp_gen = torch.cat([c.logprobs for c in completions])
     lp_train_flat = torch.cat(lp_train)
@@ -189,9 +204,9 @@ def train_step(
     reward_t = torch.tensor(rewards)
     advantages = group_advantages(reward_t, group)
     batch = UpdateBatch(prompts, responses, lp_train, advantages, temps)
-    digests = weight_digests(policy.refit_state())
+    digests = policy.weight_digests()
     row.update(policy.update(batch))
-    changed = (weight_digests(policy.refit_state()) != digests).any(-1)
+    changed = policy.changed_tensors(digests)
     t3 = time.perf_counter()
     generator.refit(policy.refit_state(), policy.version)
     t4 = time.perf_counter()
@@ -210,7 +225,7 @@ def train_step(
             "gen/weight_version": min(c.weight_version for c in completions),
             "rl/zero_adv_frac": (advantages == 0).float().mean().item(),
             "weights/version": policy.version,
-            "weights/changed_tensors": int(changed.sum()),
+            "weights/changed_tensors": changed,
             "timing/gen_s": t1 - t0,
             "timing/score_s": t2 - t1,
             "timing/update_s": t3 - t2,
@@ -228,6 +243,13 @@ def train_step(
     log.log(step, row, records)  # the records first, the row as the step's commit
     check_finite(cfg, step, lp_gen, lp_train_flat, row)
     return row
+
+
+def sum_stats(parts: list[EngineStats]) -> EngineStats:
+    """The ranks' engine counters added up (one engine's own at world size 1)."""
+    if len(parts) == 1:
+        return parts[0]
+    return EngineStats(**{f.name: sum(getattr(p, f.name) for p in parts) for f in fields(parts[0])})
 
 
 def check_finite(cfg: ZklConfig, step: int, lp_gen, lp_train, row: dict[str, Any]) -> None:

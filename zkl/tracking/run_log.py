@@ -175,6 +175,24 @@ class RunLog:
             self._wandb = None
 
 
+class NullLog:
+    """A trainer rank other than 0: rank 0 alone writes the run's logs (the same rows)."""
+
+    wandb_id: str | None = None
+
+    def log(self, step: int, row: dict[str, Any], tokens: list[dict[str, Any]] = ()) -> None:
+        pass
+
+    def replay_to_wandb(self, rows: list[dict[str, Any]]) -> None:
+        pass
+
+    def log_tokens(self, records: list[dict[str, Any]], sync: bool = False) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     """Every step's row; a torn last line (a writer killed mid-line) is skipped with a warning."""
     path = Path(run_dir) / METRICS_FILE

@@ -68,6 +68,7 @@ def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch
             eps,
             BLOCK=block,
             num_warps=NORM_WARPS,
+            enable_fp_fusion=False,  # one rounding per operation (docs/gpu.md)
         )
     return out.reshape(x.shape)
 
@@ -242,6 +243,7 @@ class _TokenLogprobs(torch.autograd.Function):
                 PARTS=LOGPROB_PARTS,
                 BLOCK=LOGPROB_BLOCK,
                 num_warps=LOGPROB_WARPS,
+                enable_fp_fusion=False,  # one rounding per operation (docs/gpu.md)
             )
             _logprob_combine_kernel[(count,)](
                 rows,
@@ -256,6 +258,7 @@ class _TokenLogprobs(torch.autograd.Function):
                 s_inner,
                 PARTS=LOGPROB_PARTS,
                 num_warps=1,
+                enable_fp_fusion=False,  # one rounding per operation (docs/gpu.md)
             )
         ctx.save_for_backward(logits, flat_tokens, temps, lse)
         return out.reshape(tokens.shape)
@@ -318,5 +321,6 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
             dim,
             BLOCK=triton.next_power_of_2(dim),
             num_warps=NORM_WARPS,
+            enable_fp_fusion=False,  # one rounding per operation (docs/gpu.md)
         )
     return out.reshape(x.shape)

@@ -1,0 +1,62 @@
+"""The config check of the `trainer` group: one sentence naming the key, before any work."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from zkl.errors import ConfigError
+
+
+def sharded(cfg: Any) -> bool:
+    """Whether the trainer's model is sharded with FSDP2 (`trainer.fsdp`, null: world_size > 1)."""
+    t = cfg.trainer
+    return t.world_size > 1 if t.fsdp is None else bool(t.fsdp)
+
+
+def check_trainer(cfg: Any) -> None:
+    t = cfg.trainer
+    if t.world_size < 1:
+        raise ConfigError(f"trainer.world_size={t.world_size} must be >= 1.")
+    if t.backend not in ("auto", "gloo", "nccl"):
+        raise ConfigError(f"trainer.backend={t.backend!r} must be auto, gloo or nccl.")
+    for key in ("timeout_s", "heartbeat_s"):
+        if getattr(t, key) <= 0:
+            raise ConfigError(f"trainer.{key}={getattr(t, key)} must be positive.")
+    if not sharded(cfg):
+        if t.offload:
+            raise ConfigError("trainer.offload=true offloads FSDP2 shards; set trainer.fsdp=true.")
+        return
+    on_cuda = str(cfg.device).startswith("cuda") or (
+        cfg.device == "auto" and torch.cuda.is_available()
+    )
+    if t.offload and not on_cuda:
+        raise ConfigError(
+            "trainer.offload=true moves GPU shards to the host; it needs device=cuda."
+        )
+    if t.backend == "nccl" and not on_cuda:
+        raise ConfigError("trainer.backend=nccl needs device=cuda; use gloo (or auto) on the CPU.")
+    if cfg.engine.name != "native":
+        raise ConfigError(
+            f"engine.name={cfg.engine.name!r} runs in one process; use engine=native with "
+            f"trainer.world_size={t.world_size} (or trainer.world_size=1)."
+        )
+    if ":" in str(cfg.device) and t.world_size > 1:
+        raise ConfigError(
+            f"device={cfg.device!r} names one GPU, but each of the trainer.world_size="
+            f"{t.world_size} ranks takes the GPU of its local rank; use device=cuda."
+        )
+    if cfg.layout.name == "dedicated" and cfg.layout.backend == "nccl":
+        raise ConfigError(
+            "layout.backend=nccl puts one generator on a GPU of its own, which a sharded "
+            "trainer does not have; use layout.backend=auto (CUDA IPC) or +layout=colocated."
+        )
+    samples = cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt
+    smallest = samples // max(cfg.rl.num_minibatches, 1)
+    if smallest < t.world_size:
+        raise ConfigError(
+            f"a minibatch of {smallest} sequences cannot give each of the trainer.world_size="
+            f"{t.world_size} ranks one; lower trainer.world_size or rl.num_minibatches, or "
+            "raise rl.prompts_per_step."
+        )

@@ -74,9 +74,16 @@ def _slurm_jobs(sweep_dir: Path) -> list[str]:
     return sorted({p.parent.name for p in (sweep_dir / ".submitit").glob("*/*_log.err")})
 
 
-def _state(job: str) -> str:
-    out = subprocess.run(["sacct", "-n", "-X", "-j", job, "-o", "State"], capture_output=True)
-    return out.stdout.decode().strip()
+def _state(job: str, wait_s: float = 120.0) -> str:
+    """The job's final state. submitit returns once task 0 has written its result; the other
+    tasks, the epilog and accounting may still be finishing, so a live state is waited out."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        out = subprocess.run(["sacct", "-n", "-X", "-j", job, "-o", "State"], capture_output=True)
+        state = out.stdout.decode().strip()
+        if state not in ("", "PENDING", "RUNNING", "COMPLETING") or time.monotonic() > deadline:
+            return state
+        time.sleep(1)
 
 
 def test_sweep_through_slurm_and_its_report(tmp_path):

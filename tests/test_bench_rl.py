@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from zkl import bench_rl
 from zkl.config import BenchConfig, _check_bench, compose
@@ -32,3 +33,15 @@ def test_rl_rows_time_both_modes_from_the_same_weights():
         assert out[f"{step}/{mode}/step_s"] > 0 and out[f"{step}/{mode}/estimate_gb"] > 0
         assert out[f"rl_gen/40x6x8/{mode}/gen_tokens_per_s"] > 0
     assert f"{step}/zero_over_default_time" in out and "rl_gen/40x6x8/zero_over_default" in out
+
+
+def test_the_device_helpers_reach_torch_cuda(monkeypatch):
+    """`_sync` and `_peak_gb` on a (stubbed) CUDA device call torch.cuda, not themselves:
+    the CPU smoke run never takes their CUDA branch."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: calls.append("sync"))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 2e9)
+    bench_rl._sync()
+    assert calls == ["sync"]
+    assert bench_rl._peak_gb() == 2.0

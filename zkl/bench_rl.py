@@ -90,12 +90,12 @@ def _fresh() -> None:
 
 def _sync() -> None:
     if torch.cuda.is_available():
-        _sync()
+        torch.cuda.synchronize()
 
 
 def _peak_gb() -> float:
     """The device's peak since `_fresh` (0 on the CPU, where the smoke test runs)."""
-    return _peak_gb() if torch.cuda.is_available() else 0.0
+    return torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else 0.0
 
 
 def generation_rows(cfg: Any, shape: str, bandwidth: float) -> dict[str, object]:

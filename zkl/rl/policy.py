@@ -296,6 +296,8 @@ class Policy:
         update_sq = 0.0
         sums: list[list[float]] = []
         replicated = [p for p in self.params if p in self.replicated]
+        names = [n for n, p in self.model.named_parameters()  # each weight counted once
+                 if p not in self.replicated or world.is_main]  # fmt: skip
         for lo, hi in zip(edges[:-1], edges[1:]):
             num_tokens = sum(len(r) for r in batch.responses[lo:hi])
             a, b = bounds(hi - lo, world.rank, world.size)
@@ -313,10 +315,10 @@ class Policy:
             loss.backward()
             sum_replicated_grads(replicated)
             grads = [p.grad for p in self.params if p.grad is not None]
-            sq = [local(g).float().square().sum(dtype=torch.float64) for g in grads]
-            own = [s for s, p in zip(sq, (p for p in self.params if p.grad is not None))
-                   if p not in self.replicated or world.is_main]  # fmt: skip
-            (grad_sq,) = world.sum([float(sum(own)) if own else 0.0])
+            owned = (p for p in self.params if p not in self.replicated or world.is_main)
+            own = [local(p.grad).float().square().sum(dtype=torch.float64)
+                   for p in owned if p.grad is not None]  # fmt: skip
+            (grad_sq,) = world.sum([float(torch.stack(own).sum()) if own else 0.0])  # one read
             grad_norm = grad_sq**0.5
             coef = min(rl.grad_clip / (grad_norm + 1e-6), 1.0)
             with torch.no_grad():
@@ -326,11 +328,8 @@ class Policy:
                 before = self._forward_shards()
                 self.optimizer.step()
                 after = self._forward_shards()
-            names = [n for n, p in self.model.named_parameters()
-                     if p not in self.replicated or world.is_main]  # fmt: skip
-            update_sq += sum(
-                float((after[n].double() - before[n].double()).square().sum()) for n in names
-            )
+                moved = [(after[n].double() - before[n].double()).square().sum() for n in names]
+                update_sq += float(torch.stack(moved).sum()) if moved else 0.0
             sums.append([loss.item(), loss_stats["loss/clip_frac"], loss_stats["loss/ratio_mean"],
                          grad_norm])  # fmt: skip
         self.version += 1

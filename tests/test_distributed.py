@@ -21,11 +21,13 @@ import pytest
 import torch
 from conftest import make_cfg
 from test_faults import finish, start, wait_for_step
+from test_resume import without_timing
+from test_rl import _without_timing as rows_without_timing
 
 from zkl.checkpoint import CHECKPOINT_FILE
 from zkl.distributed.checkpoint import SHARDS_DIR
 from zkl.errors import ConfigError
-from zkl.rl.loop import TIMING_PREFIXES, run
+from zkl.rl.loop import run
 from zkl.tracking.run_log import TOKENS_FILE, read_metrics
 
 warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
@@ -96,11 +98,7 @@ def test_sharded_and_dedicated_agree_bitwise(tmp_path):
     common = ["model=tiny_moe", "rl.steps=2", "trainer.world_size=2", *BASE]
     a = run(make_cfg(*common, "+layout=colocated"), tmp_path / "c")
     b = run(make_cfg(*common, "+layout=dedicated"), tmp_path / "d")
-
-    def strip(rows):
-        return [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIXES)} for r in rows]
-
-    assert strip(a) == strip(b)
+    assert rows_without_timing(a) == rows_without_timing(b)
 
 
 @pytest.mark.parametrize(
@@ -169,11 +167,6 @@ RESUME = ["trainer.world_size=2", "num_threads=1", "rl.prompts_per_step=2"]
 RESUME += ["rl.samples_per_prompt=2", "tracking.dump_tokens=all", "model=tiny_moe"]
 
 
-def _without_timing(path: Path) -> list[dict]:
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIXES)} for r in rows]
-
-
 @pytest.fixture(scope="module")
 def sharded_reference(tmp_path_factory) -> Path:
     """An uninterrupted 5-step run at world size 2."""
@@ -183,9 +176,7 @@ def sharded_reference(tmp_path_factory) -> Path:
 
 
 def _assert_same_run(run_dir: Path, reference: Path) -> None:
-    assert _without_timing(run_dir / "metrics.jsonl") == _without_timing(
-        reference / "metrics.jsonl"
-    )
+    assert without_timing(run_dir / "metrics.jsonl") == without_timing(reference / "metrics.jsonl")
     assert (run_dir / TOKENS_FILE).read_text() == (reference / TOKENS_FILE).read_text()
 
 

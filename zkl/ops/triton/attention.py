@@ -57,8 +57,8 @@ class Tile:
 
 REFERENCE = Tile(REF_M, REF_WARPS, 2)
 # Large query tiles for prefill and scoring, fastest first; the probe keeps the first whose
-# rows decode reproduces bit for bit. None lets the compiler contract: where it fuses a
-# mul and an add depends on the kernel around them, so two kernels that both allow it can
+# rows decode reproduces bit for bit. None of them lets the compiler contract: where it fuses
+# a mul and an add depends on the kernel around them, so two kernels that both allow it can
 # round one value differently (measured on an H200: 1 output in ~1,500 of a decode step at
 # the 1.5B's shape, which a 5-query probe passed). Only explicit `tl.fma` is fused.
 PREFILL_TILES = (
@@ -454,12 +454,13 @@ def decode(
     kv_rows: torch.Tensor | None = None,
     chunk: int = CHUNK,
     rows_per_program: int | None = None,
-    fp_fusion: bool | None = None,
+    fp_fusion: bool = False,
 ) -> torch.Tensor:
     """One query a row: its chunks in parallel programs, then merged in order.
 
     The grid follows the key buffer's length, never the positions, so nothing is read back
-    to the host and a CUDA graph can hold the step.
+    to the host and a CUDA graph can hold the step. `fp_fusion` (the default path's) lets
+    the compiler contract mul + add, which zero mode never does (see PREFILL_TILES).
     """
     _check(q, k, v)
     batch, num_heads, _, head_dim = q.shape
@@ -470,7 +471,6 @@ def decode(
         return out
     if rows_per_program is None:
         rows_per_program = choose(head_dim, q.dtype, q.device).decode_rows
-    fp_fusion = bool(fp_fusion)  # zero mode never contracts (see PREFILL_TILES)
     positions = q_pos.reshape(batch, 1)
     rows = positions if kv_rows is None else kv_rows.contiguous()
     max_chunks = triton.cdiv(k.shape[2], chunk)
@@ -543,7 +543,7 @@ def choose(head_dim: int, dtype: torch.dtype, device: torch.device) -> Choice:
         return REFERENCE_CHOICE
     q, k, v, positions = probe_inputs(head_dim, dtype, device)
     seq = q.shape[2]
-    at = torch.arange(seq, device=device)  # every query: a contraction flips ~1 in 1,000
+    at = torch.arange(seq, device=device)  # every query: a contraction flipped ~1 in 1,500
     slots = torch.zeros(len(at), dtype=torch.long, device=device)
     q_dec = q[0, :, at].unsqueeze(2).transpose(0, 1)  # [n, H, 1, D]: one query a row
     decoded: dict[int, torch.Tensor] = {}

@@ -16,10 +16,10 @@ from conftest import make_cfg
 from omegaconf import OmegaConf
 
 from zkl import checkpoint, invariance
-from zkl.config import ZklConfig
-from zkl.config_keys import schema_keys
 from zkl.errors import RunFault
 from zkl.requeue import submission_note
+from zkl.run.keys import schema_keys
+from zkl.run.schema import ZklConfig
 
 REPO = Path(__file__).resolve().parent.parent
 RUNNER = Path(__file__).resolve().parent / "entry_runner.py"

@@ -12,8 +12,8 @@ from conftest import SMALL, make_cfg
 
 from zkl.errors import ConfigError
 from zkl.megatron.check import engine_problem
-from zkl.overrides import CONF_DIR
 from zkl.rl.loop import run
+from zkl.run.schema import CONF_DIR
 from zkl.run.validate import validate
 
 REPO = Path(__file__).resolve().parent.parent

@@ -17,8 +17,8 @@ from zkl.generation.sampling import SamplingParams, sample
 from zkl.models import ModelConfig, build_model
 from zkl.models.transformer import SparseMoE
 from zkl.ops import fast
-from zkl.overrides import CONF_DIR
 from zkl.rl.loop import run
+from zkl.run.schema import CONF_DIR
 from zkl.scoring import score
 
 pytestmark = pytest.mark.gpu

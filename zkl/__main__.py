@@ -9,9 +9,9 @@ from omegaconf import DictConfig
 
 from zkl import run_lock
 from zkl.cli import guarded, hydra_entry
-from zkl.overrides import CONF_DIR
 from zkl.rl.loop import run
 from zkl.run.compose import to_object
+from zkl.run.schema import CONF_DIR
 from zkl.tracking.errors import clear_error, record_error
 
 

@@ -29,13 +29,12 @@ from omegaconf import DictConfig
 from zkl import invariance
 from zkl.cli import guarded, hydra_entry
 from zkl.layouts import build_engine, build_generator, refit_payload
-from zkl.overrides import CONF_DIR
 from zkl.precision import DTYPES
 from zkl.rl.loop import make_requests, validate_run
 from zkl.rl.policy import Policy
 from zkl.rl.task import build_task
 from zkl.run.compose import to_object
-from zkl.run.schema import ZklConfig
+from zkl.run.schema import CONF_DIR, ZklConfig
 from zkl.scoring import score
 
 REPEATS = 5

@@ -50,12 +50,11 @@ from zkl.generation.engine import Request
 from zkl.generation.sampling import SamplingParams
 from zkl.layouts import build_generator
 from zkl.metrics import mismatch_metrics
-from zkl.overrides import CONF_DIR
 from zkl.rl import loop
 from zkl.rl.policy import Policy
 from zkl.rl.task import build_task
 from zkl.run.compose import to_object, with_group_option
-from zkl.run.schema import ZklConfig
+from zkl.run.schema import CONF_DIR, ZklConfig
 from zkl.run.validate import validate
 from zkl.scoring import score
 

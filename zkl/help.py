@@ -10,8 +10,7 @@ import dataclasses
 import inspect
 import re
 
-from zkl.overrides import CONF_DIR
-from zkl.run.schema import ZklConfig
+from zkl.run.schema import CONF_DIR, ZklConfig
 
 USAGE = {
     "zkl": "GRPO steps with every step's metrics logged (metrics.jsonl, W&B)",

@@ -18,9 +18,7 @@ from omegaconf import OmegaConf
 
 from zkl.errors import ConfigError
 from zkl.run.keys import RENAMED, suggestion
-from zkl.run.schema import ZklConfig
-
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+from zkl.run.schema import CONF_DIR, ZklConfig
 
 
 def default_groups(conf_dir: Path = CONF_DIR) -> set[str]:

@@ -92,7 +92,7 @@ def validate_run(cfg: ZklConfig, task) -> None:
 def run(cfg: ZklConfig, run_dir: str | Path, progress: bool | None = None) -> list[dict[str, Any]]:
     """Run `cfg.rl.steps` GRPO steps; return the metric rows (also in run_dir/metrics.jsonl).
 
-    A resumed run (zkl/checkpoint.py) starts at its checkpoint's step; the rows returned
+    A resumed run (zkl/resume.py) starts at its checkpoint's step; the rows returned
     include the earlier steps' rows, read back from metrics.jsonl. Once the config is
     checked, the run holds the run directory's lock (zkl/run_lock.py) before it reads or
     writes anything there.

@@ -7,6 +7,7 @@ a misspelt key fails with Hydra's own error (and one added with `+`, in `to_obje
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from zkl.checkpoint_config import CheckpointConfig
 from zkl.distributed.config import TrainerConfig
@@ -19,6 +20,8 @@ from zkl.precision.config import PrecisionConfig
 from zkl.rl.config import RLConfig
 from zkl.rl.task_config import TaskConfig
 from zkl.tracking.config import TrackingConfig
+
+CONF_DIR = Path(__file__).resolve().parent.parent.parent / "conf"  # the group options (YAML)
 
 
 @dataclass

@@ -12,12 +12,12 @@ import torch
 from conftest import make_cfg, small_model
 
 from zkl import invariance
+from zkl.generation.config import graph_setting
 from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.graphs import (
     BucketedDecode,
     bucket_for,
     buckets_for,
-    graph_setting,
     graph_unsupported_reason,
     padded_rows,
 )

@@ -17,8 +17,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from zkl.config import compose
 from zkl.rl.loop import run
+from zkl.run.compose import compose
 
 
 def _tokens(run_dir: Path) -> dict[tuple[int, int], dict]:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 
 from zkl import invariance
-from zkl.config import compose
 from zkl.megatron.model import build_megatron_model
 from zkl.models import build_model
+from zkl.run.compose import compose
 from zkl.scoring import sequence_logprobs
 
 

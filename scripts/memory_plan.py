@@ -12,9 +12,9 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from zkl.config import compose
 from zkl.memory import GB, HOST_ONLY, estimate, param_count
-from zkl.validation import default_positions
+from zkl.run.compose import compose
+from zkl.run.validate import default_positions
 
 
 def plan(overrides: list[str]) -> str:

@@ -17,11 +17,11 @@ import json
 import torch
 
 from zkl import invariance, ops
-from zkl.config import compose
 from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.sampling import SamplingParams
 from zkl.models import build_model
 from zkl.precision import DTYPES
+from zkl.run.compose import compose
 from zkl.scoring import score
 
 TRACED = (

@@ -8,9 +8,9 @@ import sys
 import torch
 
 from zkl import bench_cuda, ops
-from zkl.config import compose
 from zkl.ops import fast
 from zkl.rl.policy import Policy
+from zkl.run.compose import compose
 
 
 def main(overrides: list[str]) -> None:

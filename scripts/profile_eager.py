@@ -12,9 +12,9 @@ import torch
 
 from zkl import invariance
 from zkl.bench_cuda import bench_requests
-from zkl.config import compose
 from zkl.generation.engine import GenerationEngine
 from zkl.rl.policy import Policy
+from zkl.run.compose import compose
 
 
 def main(overrides: list[str]) -> None:

@@ -8,7 +8,8 @@ import os
 import pytest
 import torch
 
-from zkl.config import ZklConfig, compose
+from zkl.run.compose import compose
+from zkl.run.schema import ZklConfig
 
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("WANDB_DISABLE_GIT", "true")

@@ -6,19 +6,20 @@ import pytest
 import torch
 
 from zkl import bench_rl
-from zkl.config import BenchConfig, _check_bench, compose
 from zkl.errors import ConfigError
+from zkl.experiments.config import BenchConfig, check_bench
+from zkl.run.compose import compose
 
 
 def test_shapes_parse_and_bad_ones_are_one_sentence():
     assert bench_rl.parse_shape("4096x1024x64") == (4096, 1024, 64)
     for bad in ("4096x1024", "ax1x8", "16x4x8", "64x4x9"):
         with pytest.raises(ConfigError, match="bench.gen_shapes"):
-            _check_bench(BenchConfig(workload="rl", gen_shapes=[bad]), on_cuda=True)
+            check_bench(BenchConfig(workload="rl", gen_shapes=[bad]), on_cuda=True)
     with pytest.raises(ConfigError, match="device=cuda"):
-        _check_bench(BenchConfig(workload="rl"), on_cuda=False)
+        check_bench(BenchConfig(workload="rl"), on_cuda=False)
     with pytest.raises(ConfigError, match="bench.workload"):
-        _check_bench(BenchConfig(workload="long"), on_cuda=True)
+        check_bench(BenchConfig(workload="long"), on_cuda=True)
 
 
 def test_rl_rows_time_both_modes_from_the_same_weights():

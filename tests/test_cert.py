@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from zkl import invariance
 from zkl.cert import beds, execute, plan, run_cert
-from zkl.config import ConfigError
+from zkl.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = ["cert.models=[tiny_dense,tiny_moe]", "cert.precisions=[bf16,mxfp8]"]

@@ -11,9 +11,10 @@ from conftest import make_cfg
 from safetensors.torch import save_file
 from test_hostile_input import assert_refused_before_work, run_entry
 
-from zkl.config import ConfigError, validate
+from zkl.errors import ConfigError
 from zkl.models import build_model
 from zkl.models.hf_checkpoint import INDEX_FILE
+from zkl.run.validate import validate
 
 FAMILY_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
 FAMILY_KEYS += ("num_key_value_heads", "head_dim", "intermediate_size", "rope_theta")

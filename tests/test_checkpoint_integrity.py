@@ -18,9 +18,8 @@ import torch
 from conftest import make_cfg
 
 from zkl import checkpoint_file
-from zkl.checkpoint import CHECKPOINT_FILE
-from zkl.config import ConfigError
-from zkl.errors import RunFault
+from zkl.checkpoint_file import CHECKPOINT_FILE
+from zkl.errors import ConfigError, RunFault
 from zkl.rl.loop import run
 
 REPO = Path(__file__).resolve().parent.parent

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 from conftest import SMALL, make_cfg
 
-from zkl.config import CONF_DIR, ConfigError, validate
+from zkl.errors import ConfigError
 from zkl.megatron.check import engine_problem
 from zkl.rl.loop import run
+from zkl.run.schema import CONF_DIR
+from zkl.run.validate import validate
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["tiny_dense", "tiny_moe", "tiny_hybrid"]
@@ -96,7 +98,7 @@ SMOKE = (
 def test_every_config_runs_one_step(overrides, tmp_path):
     cfg = make_cfg(*overrides, *SMALL, "rl.steps=1")
     refusal = engine_problem(
-        cfg.engine.name, cfg.layout.name, False, cfg.model.family, cfg.precision.linear_quant
+        cfg.engine.backend, cfg.layout.name, False, cfg.model.family, cfg.precision.linear_quant
     )
     if refusal:  # a megatron engine on a CPU run: its one sentence is the expected outcome
         with pytest.raises(ConfigError) as err:

@@ -14,10 +14,11 @@ import torch
 from conftest import QUIET, make_cfg
 from test_hostile_input import assert_refused_before_work, run_entry
 
-from zkl.config import ConfigError, validate
 from zkl.data.rewards import exact_match, math_answer
+from zkl.errors import ConfigError
 from zkl.rl.loop import run
 from zkl.rl.task import build_task
+from zkl.run.validate import validate
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data"

@@ -24,7 +24,7 @@ from test_faults import finish, start, wait_for_step
 from test_resume import without_timing
 from test_rl import _without_timing as rows_without_timing
 
-from zkl.checkpoint import CHECKPOINT_FILE
+from zkl.checkpoint_file import CHECKPOINT_FILE
 from zkl.distributed.checkpoint import SHARDS_DIR
 from zkl.errors import ConfigError
 from zkl.rl.loop import run

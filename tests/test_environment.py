@@ -12,7 +12,7 @@ import pytest
 from conftest import make_cfg
 
 from zkl import environment
-from zkl.config import ConfigError
+from zkl.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["rl.prompts_per_step=2", "rl.samples_per_prompt=2", "rl.steps=1"]
@@ -71,17 +71,17 @@ def test_a_run_with_the_sig_spelling_runs(tmp_path):
 
 
 def test_the_disk_check_names_small_sizes_in_small_units(tmp_path, monkeypatch):
-    from zkl import checkpoint
+    from zkl import resume
     from zkl.rl.loop import run
 
-    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: type("U", (), {"free": 5})())
+    monkeypatch.setattr(resume.shutil, "disk_usage", lambda path: type("U", (), {"free": 5})())
     with pytest.raises(ConfigError) as err:
         run(make_cfg(*TINY), tmp_path)
     message = str(err.value)
     assert "0.0 GB" not in message and " has 5 B free" in message, message
-    need = checkpoint.checkpoint_bytes(make_cfg(*TINY))
-    assert f"need about {checkpoint.size_text(need)} but" in message
-    assert [checkpoint.size_text(n) for n in (0, 999, 1500, 2.5e6, 7.25e9, 3e12)] == [
+    need = resume.checkpoint_bytes(make_cfg(*TINY))
+    assert f"need about {resume.size_text(need)} but" in message
+    assert [resume.size_text(n) for n in (0, 999, 1500, 2.5e6, 7.25e9, 3e12)] == [
         "0 B",
         "999 B",
         "1.5 kB",

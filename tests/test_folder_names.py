@@ -9,7 +9,7 @@ from conftest import make_cfg
 from test_hostile_input import assert_refused_before_work, run_entry
 
 from zkl.cert import bed_dir, folder_name, plan
-from zkl.config import ConfigError
+from zkl.errors import ConfigError
 
 BAD = ["../../../x", "..", "/tmp/abs", "a/b", "a b", ".hidden", "x\n", "é", "a\\b", "", "x" * 201]
 

@@ -14,10 +14,10 @@ import torch
 from conftest import make_cfg
 
 from zkl import memory
-from zkl.config import validate
 from zkl.device import generator_device
 from zkl.errors import ConfigError
 from zkl.layouts.dedicated import DedicatedGenerator
+from zkl.run.validate import validate
 
 HUGE = 10**15
 NCCL = ["+layout=dedicated", "layout.backend=nccl"]

@@ -12,13 +12,13 @@ import yaml
 from conftest import SMALL, make_cfg
 
 from zkl import invariance
-from zkl.config import CONF_DIR
 from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.sampling import SamplingParams, sample
 from zkl.models import ModelConfig, build_model
 from zkl.models.transformer import SparseMoE
 from zkl.ops import fast
 from zkl.rl.loop import run
+from zkl.run.schema import CONF_DIR
 from zkl.scoring import score
 
 pytestmark = pytest.mark.gpu

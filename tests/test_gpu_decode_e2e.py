@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from zkl import invariance
-from zkl.config import compose
 from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.sampling import SamplingParams
 from zkl.models import build_model
+from zkl.run.compose import compose
 from zkl.scoring import score
 
 pytestmark = pytest.mark.gpu

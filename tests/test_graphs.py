@@ -12,12 +12,12 @@ import torch
 from conftest import make_cfg, small_model
 
 from zkl import invariance
+from zkl.generation.config import graph_setting
 from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.graphs import (
     BucketedDecode,
     bucket_for,
     buckets_for,
-    graph_setting,
     graph_unsupported_reason,
     padded_rows,
 )
@@ -119,10 +119,11 @@ def test_one_padded_step_changes_no_real_row_and_no_padding_state():
 
 def test_graph_setting_is_checked_and_explained():
     dense, moe = _model(), _model(moe=True)
-    assert "CUDA device" in graph_unsupported_reason(dense)
-    assert "MoE" in graph_unsupported_reason(moe)
+    cpu = torch.device("cpu")
+    assert "CUDA device" in graph_unsupported_reason(dense.cfg, cpu)
+    assert "MoE" in graph_unsupported_reason(moe.cfg, cpu)
     hybrid = build_model(make_cfg("model=tiny_hybrid").model, torch.bfloat16, seed=1)
-    assert "Mamba" in graph_unsupported_reason(hybrid)
+    assert "Mamba" in graph_unsupported_reason(hybrid.cfg, cpu)
     with pytest.raises(ValueError, match="engine.cuda_graphs=on"):
         GenerationEngine(dense, max_batch_size=2, eos_id=None, cuda_graphs="on")
     with pytest.raises(ValueError, match="engine.cuda_graphs"):

@@ -16,8 +16,10 @@ import pytest
 from conftest import make_cfg
 
 from zkl import memory
-from zkl.config import ConfigError, ZklConfig, validate
-from zkl.validation import INT_MAX, default_positions, leaves
+from zkl.errors import ConfigError
+from zkl.run.schema import ZklConfig
+from zkl.run.validate import default_positions, validate
+from zkl.run.values import INT_MAX, leaves
 
 REPO = Path(__file__).resolve().parent.parent
 RUNNER = REPO / "tests" / "entry_runner.py"

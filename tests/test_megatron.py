@@ -11,7 +11,7 @@ import torch
 from conftest import make_cfg
 
 from zkl import invariance
-from zkl.config import ConfigError, validate
+from zkl.errors import ConfigError
 from zkl.megatron.check import engine_problem
 from zkl.megatron.mapping import (
     ENGINES,
@@ -25,6 +25,7 @@ from zkl.megatron.mapping import (
 from zkl.models import build_model
 from zkl.models.config import ModelConfig
 from zkl.models.transformer import Transformer, init_weights
+from zkl.run.validate import validate
 
 HAVE_MEGATRON = sys.version_info >= (3, 12) and importlib.util.find_spec("megatron") is not None
 
@@ -69,7 +70,7 @@ def test_layer_spec_plan_per_engine():
     assert inf["router"].megatron == "InferenceTopKRouter"
     fixes = {s.fix for s in layer_spec_plan(moe, "megatron_local")} - {None}
     assert fixes <= set(invariance.FIXES)
-    with pytest.raises(ValueError, match="engine.name"):
+    with pytest.raises(ValueError, match="engine.backend"):
         layer_spec_plan(moe, "native")
 
 

@@ -15,7 +15,7 @@ from conftest import make_cfg
 from html_tables import parse_tables
 from omegaconf import OmegaConf
 
-from zkl.config import ConfigError
+from zkl.errors import ConfigError
 from zkl.report import page, wandb_report
 from zkl.report.__main__ import main
 from zkl.report.runs import discover, sweep_axes

@@ -14,8 +14,8 @@ import pytest
 import torch
 from conftest import make_cfg
 
-from zkl.checkpoint import CHECKPOINT_FILE
-from zkl.config import ConfigError
+from zkl.checkpoint_file import CHECKPOINT_FILE
+from zkl.errors import ConfigError
 from zkl.rl.loop import TIMING_PREFIXES, run
 from zkl.tracking.errors import ERROR_FILE
 from zkl.tracking.wandb_reader import read_run_info
@@ -140,11 +140,11 @@ def test_checkpoint_save_false_writes_none_and_cannot_resume(tmp_path):
 
 
 def test_checkpoints_that_would_fill_the_disk_are_refused_before_any_work(tmp_path, monkeypatch):
-    from zkl import checkpoint
+    from zkl import resume
 
-    need = checkpoint.checkpoint_bytes(make_cfg(*TINY))
+    need = resume.checkpoint_bytes(make_cfg(*TINY))
     free = type("Usage", (), {"free": need + 1})()
-    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: free)
+    monkeypatch.setattr(resume.shutil, "disk_usage", lambda path: free)
     run(make_cfg("rl.steps=1", *TINY), tmp_path / "fits")  # one save: room for one
     with pytest.raises(ConfigError, match=r"set checkpoint.save=false, or choose a hydra.run.dir"):
         run(make_cfg("rl.steps=4", "checkpoint.every=2", *TINY), tmp_path / "two")

@@ -13,9 +13,8 @@ import pytest
 from conftest import make_cfg
 from test_resume import TINY, assert_same_run
 
-from zkl import checkpoint
-from zkl.config import ConfigError
-from zkl.errors import RunFault
+from zkl import resume_logs
+from zkl.errors import ConfigError, RunFault
 from zkl.rl.loop import run
 from zkl.tracking.run_log import METRICS_FILE, TOKENS_FILE, RunLog
 
@@ -130,5 +129,5 @@ def test_a_failed_row_write_cuts_back_the_step_s_token_records(tmp_path, monkeyp
     log.close()
     for name, size in sizes.items():  # neither file holds anything of step 1
         assert (tmp_path / name).stat().st_size == size, name
-    scan = checkpoint.scan_jsonl(tmp_path / TOKENS_FILE, 2, one_per_step=False)
+    scan = resume_logs.scan_jsonl(tmp_path / TOKENS_FILE, 2, one_per_step=False)
     assert scan.steps() == {0} and not scan.changed

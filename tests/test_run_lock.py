@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from zkl import run_lock
-from zkl.checkpoint import CHECKPOINT_FILE
+from zkl.checkpoint_file import CHECKPOINT_FILE
 from zkl.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent

@@ -16,10 +16,10 @@ from conftest import make_cfg
 from omegaconf import OmegaConf
 
 from zkl import checkpoint, invariance
-from zkl.config import ZklConfig
-from zkl.config_keys import schema_keys
 from zkl.errors import RunFault
 from zkl.requeue import submission_note
+from zkl.run.keys import schema_keys
+from zkl.run.schema import ZklConfig
 
 REPO = Path(__file__).resolve().parent.parent
 RUNNER = Path(__file__).resolve().parent / "entry_runner.py"
@@ -115,6 +115,8 @@ def test_wandb_falls_back_to_offline_only_when_asked(tmp_path):
         (["+layout=dedicatd"], "did you mean dedicated?"),
         (["-m", "kv=recompute,persistt"], "did you mean persist?"),
         (["rl.steps="], "rl.steps"),  # Hydra's own error, its first line and cause
+        (["engine.name=megatron_local"], "engine.name is not a config key; use engine.backend"),
+        (["+engine.name=native"], "engine.name is not a config key; use engine.backend"),
     ],
 )
 def test_hydras_errors_are_one_sentence(args, expected, tmp_path):

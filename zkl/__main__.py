@@ -9,18 +9,18 @@ from omegaconf import DictConfig
 
 from zkl import run_lock
 from zkl.cli import guarded, hydra_entry
-from zkl.config import CONF_DIR, to_object
+from zkl.rl.loop import run
+from zkl.run.compose import to_object
+from zkl.run.schema import CONF_DIR
 from zkl.tracking.errors import clear_error, record_error
 
 
-@hydra.main(config_path=CONF_DIR, config_name="config", version_base=None)
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
 def main(dcfg: DictConfig) -> None:
     guarded("zkl", lambda: experiment(dcfg))
 
 
 def experiment(dcfg: DictConfig) -> None:
-    from zkl.rl.loop import run
-
     run_dir = HydraConfig.get().runtime.output_dir
     if not run_lock.in_use(run_dir):  # a live run's error.txt is its own; run() refuses
         clear_error(run_dir)

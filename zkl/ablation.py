@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from zkl import invariance
-from zkl.config import ZklConfig, with_group_option
 from zkl.device import resolve_device
+from zkl.run.compose import with_group_option
+from zkl.run.schema import ZklConfig
 
 
 @dataclass(frozen=True)

@@ -28,12 +28,13 @@ from omegaconf import DictConfig
 
 from zkl import invariance
 from zkl.cli import guarded, hydra_entry
-from zkl.config import CONF_DIR, ZklConfig, to_object
 from zkl.layouts import build_engine, build_generator, refit_payload
 from zkl.precision import DTYPES
 from zkl.rl.loop import make_requests, validate_run
 from zkl.rl.policy import Policy
 from zkl.rl.task import build_task
+from zkl.run.compose import to_object
+from zkl.run.schema import CONF_DIR, ZklConfig
 from zkl.scoring import score
 
 REPEATS = 5
@@ -191,7 +192,7 @@ def run_rl(cfg: ZklConfig, run_dir: str | Path) -> dict:
     return result
 
 
-@hydra.main(config_path=CONF_DIR, config_name="config", version_base=None)
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
 def main(dcfg: DictConfig) -> None:
     guarded("zkl.bench", lambda: bench(dcfg))
 

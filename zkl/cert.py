@@ -44,7 +44,6 @@ from omegaconf import DictConfig
 from zkl import ablation, environment, invariance, run_lock
 from zkl.ablation import Mode
 from zkl.cli import guarded, hydra_entry
-from zkl.config import CONF_DIR, ZklConfig, to_object, validate, with_group_option
 from zkl.device import resolve_device
 from zkl.errors import ConfigError, NonFinite
 from zkl.generation.engine import Request
@@ -54,6 +53,9 @@ from zkl.metrics import mismatch_metrics
 from zkl.rl import loop
 from zkl.rl.policy import Policy
 from zkl.rl.task import build_task
+from zkl.run.compose import to_object, with_group_option
+from zkl.run.schema import CONF_DIR, ZklConfig
+from zkl.run.validate import validate
 from zkl.scoring import score
 
 # (max_batch_size, prefill_chunk, arrival order, scoring micro-batch)
@@ -383,7 +385,7 @@ def format_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-@hydra.main(config_path=CONF_DIR, config_name="config", version_base=None)
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
 def main(dcfg: DictConfig) -> None:
     guarded("zkl.cert", lambda: certify_all(dcfg))
 

@@ -26,6 +26,7 @@ import torch
 
 from zkl.errors import ConfigError, RunFault
 
+CHECKPOINT_FILE = "checkpoint.pt"  # in the run directory: where the run stands
 FORMAT = 2  # 2: with `digest`
 DIGEST_KEY = "digest"
 # field -> its type(s); `int` fields refuse bools

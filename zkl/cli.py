@@ -16,17 +16,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hydra._internal.utils import get_args_parser
+from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import OmegaConf, open_dict, read_write
 
+from zkl import overrides
 from zkl.errors import ConfigError, RunFault
+from zkl.help import help_text
+from zkl.requeue import submission_note
+from zkl.run.compose import register
 
 MIN_FREE_BYTES = 1 << 20  # a run directory on a disk with less free space is refused
 
 
 def _in_multirun() -> bool:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
@@ -58,15 +63,9 @@ def hydra_entry(prog: str, hydra_main: Callable[[], None]) -> None:
     options, with the nearest valid one), `--help` prints zkl's help (`zkl.help`), and an
     error Hydra still raises (a bad config dir, a failed multirun job) ends in one line.
     """
-    from hydra._internal.utils import get_args_parser
-
-    from zkl import overrides
-
     argv = sys.argv[1:]
     args, _ = get_args_parser().parse_known_args(argv)
     if args.help:
-        from zkl.help import help_text
-
         print(help_text(prog))
         sys.exit(0)
     sys.argv[1:] = overrides.normalize(argv)
@@ -75,6 +74,7 @@ def hydra_entry(prog: str, hydra_main: Callable[[], None]) -> None:
     except ConfigError as err:
         _fail(prog, str(err), 2)
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises, this function says it in one line
+    register()  # the schema and resolvers conf/ names, in Hydra before it composes
     try:
         hydra_main()
     except JobFailed as err:  # its sentence went out as the job failed
@@ -144,18 +144,14 @@ class RunDirCheck(Callback):
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         self._check(str(config.hydra.sweep.dir), "hydra.sweep.dir")
-        from omegaconf import OmegaConf, open_dict, read_write
-
-        from zkl.overrides import normalize_sweep_params
-
         # A sweep file's `+precision: ...` works as on the command line (the sweeper is built
         # from this config after the callback).
         params = config.hydra.sweeper.get("params")
         if params:
             with read_write(config), open_dict(config):
-                config.hydra.sweeper.params = normalize_sweep_params(OmegaConf.to_container(params))
-        from zkl.requeue import submission_note
-
+                config.hydra.sweeper.params = overrides.normalize_sweep_params(
+                    OmegaConf.to_container(params)
+                )
         note = submission_note(config)
         if note:
             print(f"zkl: {note}", file=sys.stderr)

@@ -22,3 +22,9 @@ class NonFinite(RunFault):
     NaN compares unequal to itself and max() over rows skips it, so a run that went on
     would report mismatch metrics that look clean and mean nothing.
     """
+
+
+def positive(value: float, key: str) -> None:
+    """Refuse `key=value` unless the value is above zero."""
+    if value <= 0:
+        raise ConfigError(f"{key}={value} must be positive.")

@@ -10,7 +10,7 @@ import dataclasses
 import inspect
 import re
 
-from zkl.overrides import CONF_DIR
+from zkl.run.schema import CONF_DIR, ZklConfig
 
 USAGE = {
     "zkl": "GRPO steps with every step's metrics logged (metrics.jsonl, W&B)",
@@ -57,14 +57,12 @@ def _keys(cls: type, prefix: str) -> list[str]:
         if dataclasses.is_dataclass(default):
             out += _keys(type(default), f"{prefix}{f.name}.")
             continue
-        note = comments.get(f.name, "")
+        note = comments.get(f.name) or f.metadata.get("help", "")  # generated: no source
         out.append(f"  {prefix}{f.name}={_value(f)}" + (f"  # {note}" if note else ""))
     return out
 
 
 def help_text(prog: str) -> str:
-    from zkl.config import ZklConfig
-
     lines = [
         f"python -m {prog} [group=option ...] [key=value ...]: {USAGE.get(prog, '')}",
         "",

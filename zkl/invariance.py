@@ -9,6 +9,7 @@ the generator run inside the same `enabled(...)` scope, so a sweep can turn one 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -89,6 +90,18 @@ register(
     "every refit drops the cache, so weights are re-quantized from the refitted values",
     "tests/test_precision.py::test_stale_quantized_weights_after_refit",
 )
+
+# The `fixes` config group: one `fixes.<name>` key a registered fix, built from the registry
+# so a new fix gets its key by being registered.
+FixesConfig = dataclasses.make_dataclass(
+    "FixesConfig",
+    [
+        (name, bool | None, dataclasses.field(default=None, metadata={"help": fix.cause}))
+        for name, fix in FIXES.items()
+    ],
+)
+FixesConfig.__module__ = __name__
+FixesConfig.__doc__ = "null: follow `zero_train_gen_mismatch`; true/false: force one fix."
 
 _active: frozenset[str] = frozenset()
 

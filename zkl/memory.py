@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from zkl.device import generator_device, resolve_device
 from zkl.distributed.checks import sharded
 from zkl.errors import ConfigError
 from zkl.invariance import resolve
@@ -290,8 +291,6 @@ def available_bytes() -> int:
 
 def device_of(cfg: Any) -> str:
     """The device the run computes on (`device` key when the config has one; CPU otherwise)."""
-    from zkl.device import resolve_device
-
     return str(resolve_device(str(getattr(cfg, "device", "cpu"))))
 
 
@@ -316,8 +315,6 @@ def check_memory(cfg: Any, positions: int) -> None:
         parts = {k: v for k, v in parts.items() if k in HOST_ONLY}
         generator = generator_estimate(cfg, positions)
         if generator:
-            from zkl.device import generator_device
-
             device = generator_device(cfg)
             free, _ = torch.cuda.mem_get_info(device)
             _refuse(generator, free, f"the generator's GPU ({device})")

@@ -17,8 +17,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from zkl.errors import ConfigError
-
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+from zkl.run.keys import RENAMED, suggestion
+from zkl.run.schema import CONF_DIR, ZklConfig
 
 
 def default_groups(conf_dir: Path = CONF_DIR) -> set[str]:
@@ -76,9 +76,6 @@ def _schema_allows(key: str, schema: type) -> bool:
 
 def preflight(overrides: list[str], config_dir: str | None = None) -> None:
     """Raise ConfigError, one sentence, for an unknown key or group option on the command line."""
-    from zkl.config import ZklConfig
-    from zkl.config_keys import suggestion
-
     dirs = [CONF_DIR] + ([Path(config_dir)] if config_dir else [])
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
@@ -88,6 +85,8 @@ def preflight(overrides: list[str], config_dir: str | None = None) -> None:
         key = o.key_or_group
         if key.startswith("hydra") or o.is_delete() or o.package is not None:
             continue
+        if key in RENAMED:  # with or without `+`: the old name would be ignored or refused
+            raise ConfigError(f"{key} is not a config key; {suggestion(key, ZklConfig)}")
         options = group_options(key, dirs)
         if options:
             if isinstance(o.value(), dict):

@@ -21,20 +21,21 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.tensor import DTensor
 
-from zkl import checkpoint, checkpoint_file
+from zkl import checkpoint_file, resume
+from zkl.checkpoint_file import CHECKPOINT_FILE
 from zkl.errors import ConfigError
 
 SHARDS_DIR = "checkpoint_shards"
 
 
-def prepare(cfg: Any, run_dir: str | Path, world) -> checkpoint.Resume:
-    """`checkpoint.prepare` on rank 0 (it trims the logs), its outcome on every rank."""
+def prepare(cfg: Any, run_dir: str | Path, world) -> resume.Resume:
+    """`zkl.resume.prepare` on rank 0 (it trims the logs), its outcome on every rank."""
     if world.size == 1:
-        return checkpoint.prepare(cfg, run_dir)
+        return resume.prepare(cfg, run_dir)
     outcome: Any = None
     if world.is_main:
         try:
-            outcome = checkpoint.prepare(cfg, run_dir)
+            outcome = resume.prepare(cfg, run_dir)
         except ConfigError as err:
             outcome = err
     outcome = world.broadcast(outcome)
@@ -85,19 +86,19 @@ def save(run_dir: str | Path, cfg: Any, policy, next_step: int, log, requeue: bo
             "rng": rngs,
             "shard_digests": digests,
             "wandb_id": log.wandb_id,
-            "config": checkpoint.config_dict(cfg),
+            "config": resume.config_dict(cfg),
             "requeue": requeue,
         }
-        checkpoint_file.write(run_dir / checkpoint.CHECKPOINT_FILE, meta)
+        checkpoint_file.write(run_dir / CHECKPOINT_FILE, meta)
         for old in (run_dir / SHARDS_DIR).iterdir():
             if old.name != Path(name).name:
                 shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
 
 
-def restore(resume: checkpoint.Resume, policy, run_dir: str | Path) -> None:
-    """Load this rank's shards and RNG state from the checkpoint `resume` read."""
-    state = resume.state
+def restore(start: resume.Resume, policy, run_dir: str | Path) -> None:
+    """Load this rank's shards and RNG state from the checkpoint `start` read."""
+    state = start.state
     world = policy.world
     if state["world_size"] != world.size:
         raise ConfigError(
@@ -114,8 +115,8 @@ def restore(resume: checkpoint.Resume, policy, run_dir: str | Path) -> None:
     damaged = [rank for rank, ok in enumerate(world.gather([intact])) if not ok]
     if damaged:  # every rank refuses together, none waits on a collective
         raise ConfigError(
-            f"{shards} does not hold the shards {checkpoint.CHECKPOINT_FILE} names (rank "
-            f"{damaged[0]}'s are missing or damaged); delete {checkpoint.CHECKPOINT_FILE} to "
+            f"{shards} does not hold the shards {CHECKPOINT_FILE} names (rank "
+            f"{damaged[0]}'s are missing or damaged); delete {CHECKPOINT_FILE} to "
             "rerun from step 0 with resume=true, or start afresh in another hydra.run.dir."
         )
     policy.load_state_dict({**target, "version": state["version"]})

@@ -37,9 +37,9 @@ def check_trainer(cfg: Any) -> None:
         )
     if t.backend == "nccl" and not on_cuda:
         raise ConfigError("trainer.backend=nccl needs device=cuda; use gloo (or auto) on the CPU.")
-    if cfg.engine.name != "native":
+    if cfg.engine.backend != "native":
         raise ConfigError(
-            f"engine.name={cfg.engine.name!r} runs in one process; use engine=native with "
+            f"engine.backend={cfg.engine.backend!r} runs in one process; use engine=native with "
             f"trainer.world_size={t.world_size} (or trainer.world_size=1)."
         )
     if ":" in str(cfg.device) and t.world_size > 1:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from omegaconf import OmegaConf
-
 
 @dataclass
 class TrainerConfig:
@@ -40,8 +38,3 @@ def tasks_per_node(world_size: int, nodes: int) -> int:
 def node_gpus(layout: str, backend: str, tasks: int) -> int:
     """GPUs of a node: one a rank, or two for the one rank whose generator has its own."""
     return 2 if layout == "dedicated" and backend == "nccl" else tasks
-
-
-# conf/hydra/launcher/slurm*.yaml ask Slurm for these.
-OmegaConf.register_new_resolver("zkl_tasks_per_node", tasks_per_node, replace=True)
-OmegaConf.register_new_resolver("zkl_node_gpus", node_gpus, replace=True)

@@ -12,7 +12,6 @@ what a fast engine reports: the logprob of the processed logits in the model dty
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections import deque
@@ -21,12 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from zkl import ops
-from zkl.generation.graphs import (
-    GRAPH_SETTINGS,
-    BucketedDecode,
-    graph_setting,
-    graph_unsupported_reason,
-)
+from zkl.generation.graphs import BucketedDecode, graphs_on
 from zkl.generation.kv_cache import KVCache
 from zkl.generation.mamba_cache import HybridCache
 from zkl.generation.prefix_cache import BLOCK, PrefixCache
@@ -35,7 +29,6 @@ from zkl.invariance import FIXES, is_enabled
 from zkl.models.stacking import stack_projections
 from zkl.precision import weight_cache
 
-log = logging.getLogger(__name__)
 CAPACITY_STEP = 256  # graphs keep their cache: lengths round up to this, so few recaptures
 
 
@@ -141,20 +134,7 @@ class GenerationEngine:
 
     def _graph_decoder(self, setting: str) -> BucketedDecode | None:
         """`engine.cuda_graphs`: auto = on where the model's decode can be captured."""
-        setting = graph_setting(setting)
-        if setting not in GRAPH_SETTINGS:
-            raise ValueError(f"engine.cuda_graphs={setting!r} must be auto, on or off.")
-        if setting == "off":
-            return None
-        reason = graph_unsupported_reason(self.model)
-        if reason is not None:
-            if setting == "on":
-                raise ValueError(
-                    f"engine.cuda_graphs=on cannot work here: {reason}; "
-                    "use engine.cuda_graphs=auto or off."
-                )
-            if self.device.type == "cuda":
-                log.info("engine.cuda_graphs=auto: decode runs without graphs: %s", reason)
+        if not graphs_on(setting, self.model.cfg, self.device):
             return None
         return BucketedDecode(self._decode_step, self.max_batch_size, capture=True)
 

@@ -15,25 +15,24 @@ row's result cannot depend on the padding rows (batch invariance; the tests chec
 
 Only models whose decode has no host sync are captured: MoE layers read the expert group
 sizes back to the host and Mamba layers branch on the host, so they decode eagerly
-(`engine.cuda_graphs=auto` says why in the log; `on` refuses them).
+(`engine.cuda_graphs=auto` says why in the log; `on` is refused by the config check, from
+the same rule: `graph_unsupported_reason` reads the model's config, not the built model).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Hashable
+from typing import Any
 
 import torch
 
+from zkl.generation.config import GRAPH_SETTINGS, graph_setting
 from zkl.ops.fast import static_shapes
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-GRAPH_SETTINGS = ("auto", "on", "off")  # engine.cuda_graphs
 
-
-def graph_setting(value: object) -> str:
-    """`engine.cuda_graphs` in canonical form: an override's true/false reads as on/off."""
-    text = str(value).lower()
-    return {"true": "on", "false": "off"}.get(text, text)
+log = logging.getLogger(__name__)
 
 
 def buckets_for(max_batch_size: int) -> tuple[int, ...]:
@@ -59,17 +58,39 @@ def padded_rows(running: list[int], free: list[int], size: int) -> list[int]:
     return list(running) + sorted(free)[:pad]
 
 
-def graph_unsupported_reason(model: torch.nn.Module) -> str | None:
-    """None when the model's decode step can be captured, else why not (one sentence)."""
-    if getattr(model, "num_mamba_layers", 0) > 0:
+def graph_unsupported_reason(model: Any, device: torch.device) -> str | None:
+    """None when the decode step of a model with config `model` (a ModelConfig) on `device`
+    can be captured, else why not (one sentence). The one rule: the config check refuses
+    `engine.cuda_graphs=on` with it before any model is built, the engine decides with it."""
+    layers = range(model.num_hidden_layers)
+    if model.family == "nemotron_h" and any(model.layer_kind(i) == "mamba" for i in layers):
         return "Mamba layers decide on the host which rows commit their chunk state"
-    cfg = model.cfg
-    if any(cfg.layer_is_moe(i) for i in range(cfg.num_hidden_layers)):
+    if any(model.layer_is_moe(i) for i in layers):
         return "MoE layers read the expert group sizes back to the host (one sync a layer)"
-    device = model.embed_tokens.weight.device
     if device.type != "cuda":
         return f"CUDA graphs need a CUDA device and the model is on {device}"
     return None
+
+
+def graphs_on(setting: object, model: Any, device: torch.device) -> bool:
+    """Whether decode runs in CUDA graphs under `engine.cuda_graphs=setting` for a model with
+    config `model` on `device`: auto where the decode can be captured, on or ValueError, off.
+    """
+    setting = graph_setting(setting)
+    if setting not in GRAPH_SETTINGS:
+        raise ValueError(f"engine.cuda_graphs={setting!r} must be auto, on or off.")
+    if setting == "off":
+        return False
+    reason = graph_unsupported_reason(model, device)
+    if reason is None:
+        return True
+    if setting == "on":
+        raise ValueError(
+            f"engine.cuda_graphs=on cannot work here: {reason}; use engine.cuda_graphs=auto or off."
+        )
+    if device.type == "cuda":
+        log.info("engine.cuda_graphs=auto: decode runs without graphs: %s", reason)
+    return False
 
 
 class BucketedDecode:

@@ -80,7 +80,7 @@ def build_generation_model(cfg) -> torch.nn.Module:
         cfg.precision.linear_quant,
         cfg.seed,
         generator_device(cfg),
-        cfg.engine.name,
+        cfg.engine.backend,
     )
 
 

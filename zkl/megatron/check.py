@@ -1,7 +1,7 @@
 """Can this machine run the configured megatron engine? One sentence when it cannot.
 
 Pure (no megatron import): it looks for the packages with `importlib.util.find_spec`, so
-`zkl.config.validate` calls it before any work, on every machine.
+`zkl.run.validate` calls it before any work, on every machine.
 """
 
 from __future__ import annotations

@@ -128,7 +128,9 @@ def layer_spec_plan(model: ModelConfig, engine: str) -> list[SpecSlot]:
     batching), running megatron's dot-product attention math unless the fix is on.
     """
     if engine not in ENGINES:
-        raise ValueError(f"engine.name={engine!r} is not a megatron engine; use one of {ENGINES}.")
+        raise ValueError(
+            f"engine.backend={engine!r} is not a megatron engine; use one of {ENGINES}."
+        )
     te = engine == "transformer_engine"
     inference = engine == "inference_optimized"
     column = (

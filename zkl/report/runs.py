@@ -298,7 +298,7 @@ CONTEXT_KEYS = (
     "precision.name",
     "kv.mode",
     "layout.name",
-    "engine.name",
+    "engine.backend",
     "device",
     "task.name",
     "rl.steps",

@@ -16,7 +16,6 @@ import torch
 from tqdm import tqdm
 
 from zkl import checkpoint, environment, invariance, run_lock
-from zkl.config import ZklConfig, validate
 from zkl.data.rewards import RewardError
 from zkl.distributed import launch
 from zkl.errors import NonFinite, RunFault
@@ -24,10 +23,13 @@ from zkl.generation.engine import Completion, EngineStats, Request
 from zkl.generation.sampling import SamplingParams
 from zkl.layouts import build_generator
 from zkl.metrics import mismatch_metrics
+from zkl.resume import prepare as prepare_resume
 from zkl.rl.evaluate import val_due, validate_policy
 from zkl.rl.grpo import group_advantages
 from zkl.rl.policy import Policy, UpdateBatch, weight_digests
 from zkl.rl.task import build_task
+from zkl.run.schema import ZklConfig
+from zkl.run.validate import validate
 from zkl.scoring import score
 from zkl.tracking.run_log import NullLog, RunLog, read_metrics
 
@@ -90,7 +92,7 @@ def validate_run(cfg: ZklConfig, task) -> None:
 def run(cfg: ZklConfig, run_dir: str | Path, progress: bool | None = None) -> list[dict[str, Any]]:
     """Run `cfg.rl.steps` GRPO steps; return the metric rows (also in run_dir/metrics.jsonl).
 
-    A resumed run (zkl/checkpoint.py) starts at its checkpoint's step; the rows returned
+    A resumed run (zkl/resume.py) starts at its checkpoint's step; the rows returned
     include the earlier steps' rows, read back from metrics.jsonl. Once the config is
     checked, the run holds the run directory's lock (zkl/run_lock.py) before it reads or
     writes anything there.
@@ -102,7 +104,7 @@ def run(cfg: ZklConfig, run_dir: str | Path, progress: bool | None = None) -> li
         return _join_and_run(cfg, task, run_dir, progress)
     with run_lock.held(run_dir):
         if launch.must_spawn(cfg):  # trainer.world_size ranks started here, each running `run`
-            checkpoint.prepare(cfg, run_dir)  # its refusals, before any rank starts
+            prepare_resume(cfg, run_dir)  # its refusals, before any rank starts
             return launch.spawn(cfg, run_dir, progress)
         return _join_and_run(cfg, task, run_dir, progress)
 
@@ -136,7 +138,7 @@ def _run(cfg: ZklConfig, task, run_dir, progress: bool | None, world) -> list[di
     try:
         with invariance.enabled(fixes):
             policy = Policy(cfg)
-            resume.restore(policy)
+            checkpoint.restore(resume, policy)
             generator = build_generator(cfg, policy, task.tokenizer.eos_id, run_dir)
             generator.refit(policy.refit_state(), policy.version)
             show = (cfg.tracking.progress if progress is None else progress) and world.is_main

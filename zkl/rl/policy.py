@@ -87,7 +87,7 @@ class Policy:
             cfg.precision.linear_quant,
             cfg.seed,
             self.device,
-            cfg.engine.name,
+            cfg.engine.backend,
         )
         self.world = distributed.current()
         self.reference = copy.deepcopy(self.model).eval() if cfg.rl.kl_coef > 0 else None

@@ -24,6 +24,7 @@ import random
 from dataclasses import dataclass
 
 from zkl.errors import ConfigError
+from zkl.rl.task_config import TASKS
 
 PAD, EOS = "<pad>", "<eos>"
 CHARS = "0123456789+=?:. \nabcdefghijklmnopqrstuvwxyz"
@@ -196,9 +197,6 @@ class ResidueTask:
         eos = self.tokenizer.eos_id
         hits = sum(1 for t in response if t != eos and t % self.modulus == target)
         return hits / len(response)
-
-
-TASKS = ("add", "residue", "dataset")
 
 
 def task_class(target: str) -> type:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zkl.config import ConfigError
+from zkl.errors import ConfigError
 
 ERROR_FILE = "error.txt"
 

@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 
 from zkl import invariance
 from zkl.errors import ConfigError, RunFault
+from zkl.tracking import wandb_run
 
 METRICS_FILE = "metrics.jsonl"
 TOKENS_FILE = "tokens.jsonl"
@@ -36,7 +37,7 @@ def axes(cfg) -> dict[str, str]:
     ax = {
         "model": cfg.model.name,
         "layout": cfg.layout.name,
-        "engine": cfg.engine.name,
+        "engine": cfg.engine.backend,
         "precision": cfg.precision.name,
         "kv": cfg.kv.mode,
         "mode": "zero" if cfg.zero_train_gen_mismatch else "default",
@@ -75,8 +76,6 @@ class RunLog:
             ) from None
 
     def _start_wandb(self, cfg, resolved: dict, wandb_id: str | None) -> None:
-        from zkl.tracking import wandb_run
-
         self.wandb_id = wandb_id  # a resumed run continues its W&B run
         group = cfg.tracking.wandb.group or "-".join(axes(cfg).values())
         self._wandb = wandb_run.start(cfg, self.run_dir, resolved, wandb_id, group, tags(cfg))

@@ -17,6 +17,7 @@ import os
 import re
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from zkl.checkpoint_check import checkpoint_config
@@ -29,8 +30,6 @@ _MODEL_GROUP = re.compile(r"^[+~]*model=")
 
 def hydra_overrides() -> list[str] | None:
     """The task overrides of the running Hydra job (a multirun job's own), or None."""
-    from hydra.core.hydra_config import HydraConfig
-
     if not HydraConfig.initialized():
         return None
     return list(HydraConfig.get().overrides.task)

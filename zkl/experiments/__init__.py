@@ -1,0 +1,1 @@
+"""Experiments on the framework: certification, fix ablation and benchmarks."""

@@ -1,0 +1,159 @@
+"""Where a run starts: step 0, or its checkpoint's step with the state saved there.
+
+Rollouts are a function of (seed, step, weights): requests are seeded from (seed, step, index).
+So the state is the policy (weights, fp32 masters, AdamW), the weight version, the RNG
+states, the next step and the W&B run id, in `run_dir/checkpoint.pt` (zkl/checkpoint.py
+writes it). With `kv_invalidate_on_refit` and `quantized_weight_refresh` on, the engine
+keeps nothing across a refit that a later step can see, so it needs no saving; with either
+off it reuses state computed with older weights, which is not saved, and such a run refuses
+to resume. A requeued job (`SLURM_RESTART_COUNT` > 0, or a submitit job restarted after a
+preemption signal) resumes by itself; by hand it is `python -m zkl ... resume=true`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import OmegaConf
+
+from zkl import checkpoint_file, environment, invariance
+from zkl.checkpoint_file import CHECKPOINT_FILE
+from zkl.errors import ConfigError
+from zkl.memory import param_count
+from zkl.resume_logs import trim_logs
+from zkl.tracking.run_log import METRICS_FILE
+
+if TYPE_CHECKING:  # the schema composes the parts; a part names it only in annotations
+    from zkl.run.schema import ZklConfig
+
+# Keys a resumed run may change: none of them changes a logged number.
+MAY_CHANGE = ("resume", "rl.steps", "checkpoint.", "tracking.progress", "tracking.wandb.")
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(_flat(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+def config_dict(cfg: ZklConfig) -> dict[str, Any]:
+    return OmegaConf.to_container(OmegaConf.structured(cfg))
+
+
+def _check_same_config(cfg: ZklConfig, saved: dict[str, Any]) -> None:
+    now, then = _flat(config_dict(cfg)), _flat(saved)
+    for key in sorted(set(now) | set(then)):
+        if key.startswith(MAY_CHANGE) or now.get(key) == then.get(key):
+            continue
+        raise ConfigError(
+            f"resuming needs the config the run started with: {key} was {then.get(key)!r}, "
+            f"now {now.get(key)!r}."
+        )
+
+
+def _check_engine_state_free(cfg: ZklConfig) -> None:
+    """Refuse a resume that could not be bitwise: the engine's stale state is not saved."""
+    fixes = invariance.resolve(cfg.zero_train_gen_mismatch, vars(cfg.fixes))
+    if cfg.kv.mode == "persist" and "kv_invalidate_on_refit" not in fixes:
+        raise ConfigError(
+            "a kv=persist run without fix kv_invalidate_on_refit cannot resume bitwise "
+            "(its stale prefix cache is not checkpointed); rerun it from step 0."
+        )
+    if cfg.precision.linear_quant != "none" and "quantized_weight_refresh" not in fixes:
+        raise ConfigError(
+            "a quantized run without fix quantized_weight_refresh cannot resume bitwise "
+            "(its stale quantized weights are not checkpointed); rerun it from step 0."
+        )
+
+
+def requeued_by_slurm() -> bool:
+    return environment.restart_count() > 0
+
+
+@dataclass
+class Resume:
+    """Where a run starts: step 0, or the checkpoint's step with its state."""
+
+    step: int = 0
+    state: dict[str, Any] | None = None
+    wandb_id: str | None = None
+    run_dir: str | None = None
+
+
+def prepare(cfg: ZklConfig, run_dir: str | Path) -> Resume:
+    """Decide how the run in `run_dir` starts; trim its logs to the checkpoint when resuming.
+
+    Refuses (ConfigError, one sentence) a fresh run into a directory that already holds
+    metrics, a resume with another config, and a resume that could not be bitwise.
+    """
+    run_dir = Path(run_dir)
+    path = run_dir / CHECKPOINT_FILE
+    if cfg.checkpoint.save:
+        _check_disk(cfg, run_dir)
+    in_submitit = bool(os.environ.get("SUBMITIT_EXECUTOR"))
+    maybe_resume = cfg.resume or in_submitit or requeued_by_slurm()
+    load = maybe_resume and os.path.lexists(path)  # tensors land on the CPU, then the device
+    state = checkpoint_file.read(path, cfg.rl.steps) if load else None
+    restarted = requeued_by_slurm() or (in_submitit and state is not None and state["requeue"])
+    if not (cfg.resume or restarted):
+        metrics = run_dir / METRICS_FILE
+        if metrics.is_file() and metrics.stat().st_size:  # not a file: the writer says why
+            raise ConfigError(
+                f"{run_dir} already holds {METRICS_FILE}: pass resume=true to continue that "
+                "run, or choose another hydra.run.dir."
+            )
+        path.unlink(missing_ok=True)  # a stale checkpoint must never meet these new metrics
+        return Resume()
+    if state is None:
+        print(f"zkl: no {CHECKPOINT_FILE} in {run_dir}: starting from step 0", file=sys.stderr)
+        trim_logs(run_dir, 0)
+        return Resume()
+    _check_same_config(cfg, state["config"])
+    _check_engine_state_free(cfg)
+    step = state["step"]
+    trim_logs(run_dir, step)
+    print(f"zkl: resuming {run_dir} from step {step}", file=sys.stderr)
+    return Resume(step, state, state["wandb_id"], str(run_dir))
+
+
+def checkpoint_bytes(cfg: ZklConfig) -> int:
+    """The size of checkpoint.pt: bf16 weights, fp32 masters and two AdamW moments a parameter."""
+    return 14 * param_count(cfg.model)
+
+
+def size_text(num_bytes: float) -> str:
+    """`num_bytes` in the largest unit that keeps it at 1 or more: 512 B, 3.4 MB, 1.2 TB."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(num_bytes) < 1000 or unit == "TB":
+            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
+        num_bytes /= 1000
+    raise AssertionError
+
+
+def _check_disk(cfg: ZklConfig, run_dir: Path) -> None:
+    """Refuse, before any work, a run whose checkpoints would fill the run directory's disk.
+
+    A checkpoint is written beside the one it replaces (temporary file, then rename), so a
+    run that saves more than once needs room for two, unless one is already on the disk.
+    """
+    need = checkpoint_bytes(cfg)
+    if 0 < cfg.checkpoint.every < cfg.rl.steps and not (run_dir / CHECKPOINT_FILE).exists():
+        need *= 2
+    probe = run_dir
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if need > free:
+        raise ConfigError(
+            f"the checkpoints of this run need about {size_text(need)} but {probe} has "
+            f"{size_text(free)} free; set checkpoint.save=false, or choose a "
+            "hydra.run.dir on a larger disk."
+        )

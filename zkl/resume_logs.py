@@ -1,0 +1,120 @@
+"""A resumed run's logs cut back to its checkpoint: metrics.jsonl and tokens.jsonl read
+without trusting them (torn, blank, repeated or later lines dropped), or the resume refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from zkl.checkpoint_file import CHECKPOINT_FILE
+from zkl.errors import ConfigError
+from zkl.tracking.run_log import METRICS_FILE, TOKENS_FILE
+
+
+@dataclass
+class LogScan:
+    """What a resume keeps of a .jsonl log: the complete lines of steps before its checkpoint."""
+
+    path: Path
+    kept: list[tuple[int, str]]  # (step, line), in file order
+    changed: bool  # some line is dropped: the file is rewritten
+    notes: list[str]  # what was dropped, for the one line a resume prints
+    damaged: list[int]  # line numbers that are not a row with a step
+
+    def steps(self) -> set[int]:
+        return {step for step, _ in self.kept}
+
+    def write(self) -> None:
+        if not self.changed:
+            return
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(line for _, line in self.kept))
+        os.replace(tmp, self.path)
+        print(f"zkl: {self.path}: dropped {', '.join(self.notes)}", file=sys.stderr)
+
+
+def _step_of(line: str) -> int | None:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if type(step) is int and step >= 0 else None
+
+
+def scan_jsonl(path: Path, next_step: int, one_per_step: bool) -> LogScan:
+    """Read `path` without trusting it: blank, torn, non-JSON and step-less lines are dropped,
+    so are exact repeats and steps from `next_step` on. Two different rows for one step of a
+    one-row-per-step log (two writers) are a ConfigError: which one is true is unknown."""
+    text = path.read_bytes().decode("utf-8", "replace") if path.is_file() else ""
+    lines = text.split("\n")
+    torn = lines.pop()  # "" when the file ends with a newline
+    kept: list[tuple[int, str]] = []
+    seen: dict[int, tuple[int, str]] = {}
+    lines_seen: set[str] = set()
+    blank = repeats = later = 0
+    damaged: list[int] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            blank += 1
+            continue
+        step = _step_of(line)
+        if step is None:
+            damaged.append(number)
+        elif step >= next_step:
+            later += 1
+        elif line in lines_seen:
+            repeats += 1
+        elif one_per_step and step in seen:
+            raise ConfigError(
+                f"{path} holds two different rows for step {step} (lines {seen[step][0]} and "
+                f"{number}), as when two runs wrote one directory; start afresh in another "
+                "hydra.run.dir."
+            )
+        else:
+            lines_seen.add(line)
+            seen[step] = (number, line)
+            kept.append((step, line + "\n"))
+    counts = [
+        (blank, "blank line"),
+        (repeats, "repeated row"),
+        (later, f"row of step {next_step} or later"),
+    ]
+    notes = [f"{n} {what}{'s' if n > 1 else ''}" for n, what in counts if n]
+    if damaged:
+        notes.append(f"line{'s' if len(damaged) > 1 else ''} {_numbers(damaged)} (not a row)")
+    if torn:
+        notes.append("a torn last line")
+    return LogScan(path, kept, bool(notes), notes, damaged)
+
+
+def _numbers(numbers: list[int]) -> str:
+    shown = ", ".join(map(str, numbers[:5]))
+    return shown + (f" and {len(numbers) - 5} more" if len(numbers) > 5 else "")
+
+
+def trim_logs(run_dir: Path, next_step: int) -> None:
+    """Cut metrics.jsonl and tokens.jsonl back to the steps before `next_step`, or refuse.
+
+    A step's metrics row is its commit record (zkl/tracking/run_log.py writes the token
+    records first), so token records of a step without a row are dropped. A step before
+    `next_step` without a complete row is refused: the checkpoint's history is not on disk.
+    """
+    metrics = scan_jsonl(run_dir / METRICS_FILE, next_step, one_per_step=True)
+    absent = sorted(set(range(next_step)) - metrics.steps())
+    if absent:
+        why = f" (line {_numbers(metrics.damaged)} is not a row)" if metrics.damaged else ""
+        raise ConfigError(
+            f"{metrics.path} has no complete row for step {absent[0]}{why}, but "
+            f"{run_dir / CHECKPOINT_FILE} is at step {next_step}; delete the checkpoint to "
+            "rerun from step 0 with resume=true, or start afresh in another hydra.run.dir."
+        )
+    tokens = scan_jsonl(run_dir / TOKENS_FILE, next_step, one_per_step=False)
+    metrics.kept.sort(key=lambda kept: kept[0])  # stable: file order within a step
+    metrics.changed |= [s for s, _ in metrics.kept] != sorted(s for s, _ in metrics.kept)
+    metrics.write()
+    tokens.write()

@@ -1,0 +1,94 @@
+"""The typed config from Hydra: the schema registered at the entry point, overrides composed.
+
+Nothing here runs at import: `register` puts the schema in Hydra's ConfigStore and the
+resolvers the launcher YAML uses in OmegaConf, called by `zkl.cli.hydra_entry` before
+`@hydra.main` runs and by `compose`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import fields, replace
+
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from zkl.distributed.config import node_gpus, tasks_per_node
+from zkl.errors import ConfigError
+from zkl.layouts.config import layout_gpus
+from zkl.overrides import normalize
+from zkl.run.keys import reject_unknown_keys
+from zkl.run.model_from_checkpoint import hydra_overrides, resolve_checkpoint
+from zkl.run.schema import CONF_DIR, ZklConfig
+
+SCHEMA_NAME = "zkl_schema"  # conf/config.yaml's first default
+
+
+def register() -> None:
+    """The schema in Hydra's ConfigStore; the resolvers conf/hydra/launcher/slurm*.yaml use."""
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=ZklConfig)
+    OmegaConf.register_new_resolver("zkl_gpus", layout_gpus, replace=True)
+    OmegaConf.register_new_resolver("zkl_tasks_per_node", tasks_per_node, replace=True)
+    OmegaConf.register_new_resolver("zkl_node_gpus", node_gpus, replace=True)
+
+
+def to_object(cfg: DictConfig, overrides: list[str] | None = None) -> ZklConfig:
+    """The typed config; a key the schema lacks (added with `+`) is refused, not dropped.
+
+    `model.checkpoint` without a model group fills the model from its config.json
+    (zkl/run/model_from_checkpoint.py); `overrides` default to the running Hydra job's.
+    """
+    reject_unknown_keys(cfg)
+    if overrides is None:
+        overrides = hydra_overrides()
+    return resolve_checkpoint(OmegaConf.to_object(cfg), overrides, str(CONF_DIR))
+
+
+def compose(overrides: list[str] | None = None) -> ZklConfig:
+    """The config `python -m zkl <overrides>` would run with (for tests and scripts)."""
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        normalized = normalize(list(overrides or []))
+        return to_object(hydra_compose("config", overrides=normalized), normalized)
+
+
+def load_group_option(cfg: ZklConfig, group: str, option: str) -> ZklConfig:
+    """`cfg` with its `group` replaced by the schema defaults and `conf/<group>/<option>.yaml`."""
+    path = os.path.join(CONF_DIR, group, f"{option}.yaml")
+    if not os.path.exists(path):
+        choices = sorted(p[:-5] for p in os.listdir(os.path.join(CONF_DIR, group)))
+        raise ConfigError(
+            f"{group}={option!r} is not an option of conf/{group}; pick one of {choices}."
+        )
+    base = OmegaConf.structured(cfg)
+    base[group] = OmegaConf.merge(
+        OmegaConf.structured(type(getattr(cfg, group))), OmegaConf.load(path)
+    )
+    return OmegaConf.to_object(base)
+
+
+# The key that names a group's option (`model=tiny_moe` sets model.name; `kv=persist` kv.mode).
+OPTION_KEY = {"model": "name", "precision": "name", "layout": "name", "kv": "mode"}
+
+
+def with_group_option(cfg: ZklConfig, group: str, option: str) -> ZklConfig:
+    """`cfg` with `conf/<group>/<option>.yaml` as its `group`, keeping the user's own edits.
+
+    An edit is a key of the group whose value differs from the YAML of the user's option
+    (e.g. `model.num_hidden_layers=4`); it holds for every option, as it would with
+    `python -m zkl <group>=<option>` and the same overrides. How cert builds its beds.
+    """
+    user = getattr(cfg, group)
+    try:
+        stock = getattr(load_group_option(cfg, group, getattr(user, OPTION_KEY[group])), group)
+    except ConfigError:  # a group built by hand on the command line: edits of the schema
+        stock = type(user)()
+    edits = {
+        f.name: getattr(user, f.name)
+        for f in fields(user)
+        if f.name != OPTION_KEY[group] and getattr(user, f.name) != getattr(stock, f.name)
+    }
+    bed = load_group_option(cfg, group, option)
+    return replace(bed, **{group: replace(getattr(bed, group), **edits)})

@@ -1,0 +1,47 @@
+"""`ZklConfig`: the parts' config dataclasses under one root, the schema of conf/config.yaml.
+
+Each group's dataclass lives in the part that reads it; this module only composes them, so
+a misspelt key fails with Hydra's own error (and one added with `+`, in `to_object`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from zkl.checkpoint_config import CheckpointConfig
+from zkl.distributed.config import TrainerConfig
+from zkl.experiments.config import BenchConfig, CertConfig
+from zkl.generation.config import EngineConfig, KVConfig, SamplingConfig
+from zkl.invariance import FixesConfig
+from zkl.layouts.config import LayoutConfig
+from zkl.models.config import ModelConfig
+from zkl.precision.config import PrecisionConfig
+from zkl.rl.config import RLConfig
+from zkl.rl.task_config import TaskConfig
+from zkl.tracking.config import TrackingConfig
+
+CONF_DIR = Path(__file__).resolve().parent.parent.parent / "conf"  # the group options (YAML)
+
+
+@dataclass
+class ZklConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    layout: LayoutConfig = field(default_factory=LayoutConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    kv: KVConfig = field(default_factory=KVConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    cert: CertConfig = field(default_factory=CertConfig)
+    fixes: FixesConfig = field(default_factory=FixesConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    bench: BenchConfig = field(default_factory=BenchConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    resume: bool = False  # continue from run_dir/checkpoint.pt (zkl/checkpoint.py)
+    zero_train_gen_mismatch: bool = True
+    seed: int = 0
+    device: str = "cpu"  # cpu (the embedded default) | cuda | cuda:N | auto (CUDA when present)
+    num_threads: int = 0  # 0: torch's default; the dedicated generator uses the same number

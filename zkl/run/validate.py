@@ -1,0 +1,140 @@
+"""Stop a config that cannot work before any work starts, in one sentence naming the key.
+
+Each part checks its own keys (its `check` beside its config dataclass); this module runs
+them in turn, then the checks that span parts: the device with the layout, the engine
+backend with the machine, CUDA graphs with the model, vocabulary and positions with the
+task, the weights with `model.checkpoint`, and the memory the whole run needs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zkl import checkpoint_config
+from zkl.checkpoint_check import check_checkpoint
+from zkl.device import check_device, generator_device, resolve_device
+from zkl.distributed.checks import check_trainer
+from zkl.errors import ConfigError
+from zkl.experiments.config import check_bench, check_cert
+from zkl.generation import config as generation_config
+from zkl.generation.graphs import graph_unsupported_reason
+from zkl.layouts import config as layout_config
+from zkl.megatron.check import engine_problem
+from zkl.megatron.mapping import ENGINES
+from zkl.memory import check_memory
+from zkl.models.config import validate_model
+from zkl.precision import config as precision_config
+from zkl.rl import config as rl_config
+from zkl.rl import task_config
+from zkl.rl.task import build_task
+from zkl.run.schema import ZklConfig
+from zkl.run.values import check_values
+from zkl.tracking import config as tracking_config
+from zkl.tracking.wandb_run import online_problem
+
+MAX_THREADS = 1024
+
+
+def validate(
+    cfg: ZklConfig, vocab_needed: int | None = None, positions_needed: int | None = None
+) -> None:
+    """Raise ConfigError, one sentence naming the key to change, for a config that cannot work."""
+    check_values(cfg)  # first: a NaN or a huge integer passes every comparison below
+    try:
+        validate_model(cfg.model)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    precision_config.check(cfg.precision, cfg.model)
+    layout_config.check(cfg.layout)
+    on_cuda = _check_device(cfg)
+    _check_backend(cfg, on_cuda)
+    generation_config.check(cfg.engine, cfg.kv, cfg.sampling)
+    _check_graphs(cfg, on_cuda)
+    check_bench(cfg.bench, on_cuda)
+    rl_config.check(cfg.rl)
+    task_config.check(cfg.task)
+    if cfg.rl.val_every and cfg.task.name == "dataset" and not cfg.task.val_path:
+        raise ConfigError(
+            f"rl.val_every={cfg.rl.val_every} needs a validation split: set "
+            "task.val_path=FILE, or rl.val_every=0."
+        )
+    tracking_config.check(cfg.tracking)
+    problem = online_problem(cfg.tracking.wandb)
+    if problem:
+        raise ConfigError(problem)
+    check_cert(cfg.cert)
+    checkpoint_config.check(cfg.checkpoint, cfg.resume)
+    if cfg.num_threads < 0:
+        raise ConfigError(f"num_threads={cfg.num_threads} must be >= 0 (0: torch's default).")
+    if cfg.num_threads > MAX_THREADS:
+        raise ConfigError(f"num_threads={cfg.num_threads} must be at most {MAX_THREADS}.")
+    check_trainer(cfg)
+    positions_needed = positions_needed or default_positions(cfg)
+    _check_vocab_positions(cfg, vocab_needed, positions_needed)
+    if cfg.model.checkpoint:
+        check_checkpoint(cfg.model)
+    check_memory(cfg, positions_needed)
+
+
+def default_positions(cfg: Any) -> int:
+    """Positions a run of the configured task needs: its longest prompt plus the response."""
+    return build_task(cfg.task, cfg.model.vocab_size).max_prompt_len + cfg.sampling.max_new_tokens
+
+
+def _check_device(cfg: ZklConfig) -> bool:
+    """`device` can run here and the layout can place its generator; whether it is CUDA."""
+    problem = check_device(cfg.device)
+    if problem:
+        raise ConfigError(problem)
+    on_cuda = resolve_device(cfg.device).type == "cuda"
+    generator_device(cfg)  # raises the sentence for a backend / GPU combination that cannot run
+    if cfg.layout.backend == "cuda_ipc" and not on_cuda:
+        raise ConfigError("layout.backend=cuda_ipc needs device=cuda; use gloo on the CPU.")
+    if cfg.layout.backend == "gloo" and on_cuda and cfg.layout.name == "dedicated":
+        raise ConfigError(
+            "layout.backend=gloo would copy CUDA weights through the host; use "
+            "layout.backend=cuda_ipc (or auto) with device=cuda."
+        )
+    return on_cuda
+
+
+def _check_backend(cfg: ZklConfig, on_cuda: bool) -> None:
+    """`engine.backend` names a model implementation this machine, layout and model can run."""
+    backend = cfg.engine.backend
+    if backend not in ("native", *ENGINES):
+        raise ConfigError(
+            f"engine.backend={backend!r} is not an engine; use one of {['native', *ENGINES]}."
+        )
+    problem = engine_problem(
+        backend, cfg.layout.name, on_cuda, cfg.model.family, cfg.precision.linear_quant
+    )
+    if problem:
+        raise ConfigError(problem)
+
+
+def _check_graphs(cfg: ZklConfig, on_cuda: bool) -> None:
+    """`engine.cuda_graphs=on` where the model's decode cannot be captured: refused now, by
+    the rule the engine decides with (zkl.generation.graphs), not by its constructor later."""
+    if generation_config.graph_setting(cfg.engine.cuda_graphs) != "on":
+        return
+    if not on_cuda:
+        raise ConfigError("engine.cuda_graphs=on needs device=cuda; use auto or off on the CPU.")
+    reason = graph_unsupported_reason(cfg.model, resolve_device(cfg.device))
+    if reason:
+        raise ConfigError(
+            f"engine.cuda_graphs=on cannot work with model={cfg.model.name}: {reason}; use "
+            "engine.cuda_graphs=auto or off."
+        )
+
+
+def _check_vocab_positions(cfg: ZklConfig, vocab_needed: int | None, positions: int) -> None:
+    if vocab_needed is not None and cfg.model.vocab_size < vocab_needed:
+        raise ConfigError(
+            f"model.vocab_size={cfg.model.vocab_size} is smaller than the task tokenizer's "
+            f"{vocab_needed} tokens; raise model.vocab_size."
+        )
+    if cfg.model.max_position_embeddings < positions:
+        raise ConfigError(
+            f"model.max_position_embeddings={cfg.model.max_position_embeddings} is shorter than "
+            f"the {positions} positions a prompt plus sampling.max_new_tokens needs."
+        )

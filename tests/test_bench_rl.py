@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zkl import bench_rl
 from zkl.config import BenchConfig, _check_bench, compose
 from zkl.errors import ConfigError
+from zkl.experiments import bench_rl
 
 
 def test_shapes_parse_and_bad_ones_are_one_sentence():

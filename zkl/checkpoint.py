@@ -33,7 +33,7 @@ from omegaconf import OmegaConf
 
 from zkl import checkpoint_file, distributed, environment, invariance
 from zkl.config import ConfigError, ZklConfig
-from zkl.tracking.run_log import METRICS_FILE, TOKENS_FILE
+from zkl.tracking.run_log import METRICS_FILE, TOKENS_FILE, flatten
 
 CHECKPOINT_FILE = "checkpoint.pt"
 # Keys a resumed run may change: none of them changes a logged number.
@@ -45,21 +45,12 @@ def preempt_signal() -> signal.Signals:
     return environment.preempt_signal()
 
 
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
-        out: dict[str, Any] = {}
-        for key, value in tree.items():
-            out.update(_flat(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: tree}
-
-
 def config_dict(cfg: ZklConfig) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.structured(cfg))
 
 
 def _check_same_config(cfg: ZklConfig, saved: dict[str, Any]) -> None:
-    now, then = _flat(config_dict(cfg)), _flat(saved)
+    now, then = flatten(config_dict(cfg)), flatten(saved)
     for key in sorted(set(now) | set(then)):
         if key.startswith(MAY_CHANGE) or now.get(key) == then.get(key):
             continue

@@ -64,7 +64,7 @@ def init_group(cfg, store_file: str, rank: int, private: bool = False) -> None:
     if private:
         return _init_private_group(cfg, store_file, rank)
     backend = kind(cfg)
-    device = resolve_device(cfg.device) if rank == 0 else generator_device(cfg)
+    device = landing_device(cfg, rank)
     if backend == "nccl":
         torch.cuda.set_device(device)
     loopback_only()

@@ -11,18 +11,28 @@ import contextlib
 import os
 import sys
 import traceback
+from multiprocessing.connection import Connection
 
 import torch
 
 from zkl import invariance
 from zkl.device import generator_device
+from zkl.generation.engine import GenerationEngine
 from zkl.layouts import transport
 from zkl.layouts.engine_setup import build_engine, build_generation_model
 from zkl.layouts.refit import load_refit
-from zkl.layouts.wire import unpack
+from zkl.layouts.wire import Manifest, unpack
 
 
-def serve(conn, cfg, fixes, eos_id: int, store: str, threads: int, private: bool) -> None:
+def serve(
+    conn: Connection,
+    cfg,
+    fixes: frozenset[str],
+    eos_id: int,
+    store: str,
+    threads: int,
+    private: bool,
+) -> None:
     """The child's body (`Supervisor` has set its signals and stderr): answer until stop."""
     try:
         torch.set_num_threads(threads)
@@ -59,7 +69,7 @@ def serve(conn, cfg, fixes, eos_id: int, store: str, threads: int, private: bool
         transport.abort_group(private)
 
 
-def refit(engine, cfg, manifest, payload: torch.Tensor | int) -> None:
+def refit(engine: GenerationEngine, cfg, manifest: Manifest, payload) -> None:
     """Load one refit: `payload` is the trainer's buffer itself (cuda_ipc) or its size in
     bytes, to be received by broadcast; the copy is done before this returns."""
     if isinstance(payload, torch.Tensor):

@@ -4,7 +4,7 @@ the fixed tile's bits. Writes one JSON line per (shape, variant) to argv[1].
 Variants: `ptr` (zkl's kernel, pointer loads) over many tiles; `tma` (TMA descriptor loads,
 one tile per program); `tma_persist` (TMA, persistent over tiles); `splitk<S>` (K cut in S
 fixed parts, summed in order: other bits, timed to know the price). Every time is 10 calls
-replayed from one CUDA graph (`zkl.bench_cuda.graph_time`), so small decode GEMMs are not
+replayed from one CUDA graph (`zkl.experiments.timing.graph_time`), so small decode GEMMs are not
 launch-bound. The 2026-12-03 data (docs/benchmarks.md) came from this script's first form,
 which had its own copies of the TMA kernels and timed the mean of 3 replays; the kernels
 and tiles are the same.
@@ -20,15 +20,15 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from zkl import bench_cuda
+from zkl.experiments import timing
 from zkl.ops.triton.gemm import (
     GROUP_M,
-    _gemm_tma_kernel,
-    _gemm_tma_persistent_kernel,
-    _tile_coords,
-    _tma_tile,
     fixed_config,
     gemm,
+    gemm_tma_kernel,
+    gemm_tma_persistent_kernel,
+    tile_coords,
+    tma_tile,
 )
 
 SMS = torch.cuda.get_device_properties(0).multi_processor_count
@@ -51,8 +51,8 @@ def _tma_ws_kernel(
     """zkl's persistent TMA kernel with its tile loop warp-specialized (zkl's does not)."""
     num_tiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
     for tile in tl.range(tl.program_id(0), num_tiles, NUM_SMS, flatten=True, warp_specialize=True):
-        pid_m, pid_n = _tile_coords(tile, M, N, BM, BN, GROUP)
-        _tma_tile(x_desc, w_desc, o_desc, x_desc, pid_m, pid_n, N, K, False, BM, BN, BK)
+        pid_m, pid_n = tile_coords(tile, M, N, BM, BN, GROUP)
+        tma_tile(x_desc, w_desc, o_desc, x_desc, pid_m, pid_n, N, K, False, BM, BN, BK)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -122,11 +122,11 @@ def tma(x, w, cfg, persist=False, ws=False):
             num_stages=stages,
         )
     elif persist:
-        _gemm_tma_persistent_kernel[(min(SMS, tiles),)](
+        gemm_tma_persistent_kernel[(min(SMS, tiles),)](
             *descs, x, m, n, k, HAS_BIAS=False, NUM_SMS=SMS, num_stages=stages, **launch
         )
     else:
-        _gemm_tma_kernel[(tiles,)](*descs, x, m, n, k, HAS_BIAS=False, num_stages=stages, **launch)
+        gemm_tma_kernel[(tiles,)](*descs, x, m, n, k, HAS_BIAS=False, num_stages=stages, **launch)
     return out
 
 
@@ -146,7 +146,7 @@ def splitk(x, w, cfg, parts):
 
 def graph_time(fn) -> float:
     """Seconds per call: 10 calls captured in one CUDA graph, median of 3 replays."""
-    return bench_cuda.graph_time(fn, calls=10, replays=3)
+    return timing.graph_time(fn, calls=10, replays=3)
 
 
 PTR = [

@@ -7,7 +7,10 @@ import sys
 
 import torch
 
-from zkl import bench_cuda, ops
+from zkl import ops
+from zkl.experiments.bench_cuda import profile_decode_step
+from zkl.experiments.timing import graph_time
+from zkl.experiments.workload import MODES
 from zkl.ops import fast
 from zkl.rl.policy import Policy
 from zkl.run.compose import compose
@@ -18,12 +21,12 @@ def main(overrides: list[str]) -> None:
     model = Policy(cfg).model
     logits = torch.randn(64, cfg.model.vocab_size, device="cuda")
     seeds, counters = torch.arange(64, device="cuda"), torch.full((64,), 3, device="cuda")
-    fused = bench_cuda.graph_time(lambda: ops.gumbel_argmax(logits, seeds, counters))
-    unfused = bench_cuda.graph_time(lambda: fast.gumbel_argmax(logits, seeds, counters))
+    fused = graph_time(lambda: ops.gumbel_argmax(logits, seeds, counters))
+    unfused = graph_time(lambda: fast.gumbel_argmax(logits, seeds, counters))
     print(f"sampling b64: fused {fused * 1e6:.1f} us, torch ops {unfused * 1e6:.1f} us")
-    for mode, fixes in bench_cuda.MODES.items():
+    for mode, fixes in MODES.items():
         print(f"=== decode b64 {mode}")
-        print(bench_cuda.profile_decode_step(model, 64, fixes), flush=True)
+        print(profile_decode_step(model, 64, fixes), flush=True)
     torch.cuda.synchronize()
 
 

@@ -11,7 +11,7 @@ import time
 import torch
 
 from zkl import invariance
-from zkl.bench_cuda import bench_requests
+from zkl.experiments.workload import MODES, bench_requests
 from zkl.generation.engine import GenerationEngine
 from zkl.rl.policy import Policy
 from zkl.run.compose import compose
@@ -21,7 +21,7 @@ def main(overrides: list[str]) -> None:
     cfg = compose(["device=cuda", "model=qwen2_5_1_5b", "tracking.wandb.mode=disabled", *overrides])
     model = Policy(cfg).model
     requests = bench_requests(16, cfg.model.vocab_size)
-    for mode, fixes in (("zero", frozenset(invariance.FIXES)), ("default", frozenset())):
+    for mode, fixes in MODES.items():
         with invariance.enabled(fixes):
             engine = GenerationEngine(
                 model, max_batch_size=16, eos_id=None, sync_every=8, cuda_graphs="off"

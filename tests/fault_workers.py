@@ -1,8 +1,8 @@
 """Generation workers that die on purpose, for the dedicated layout's fault tests.
 
 `python tests/fault_workers.py MODE RUN_DIR` builds a DedicatedGenerator whose child runs
-one of these instead of the real worker (spawn imports them from here by name), and prints
-the one-line fault the trainer gets and how long it took.
+one of these instead of `zkl.layouts.worker.serve` (spawn imports them from here by name),
+and prints the one-line fault the trainer gets and how long it took.
 """
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ import sys
 import time
 
 
-def exit_during_rendezvous(cfg, fixes, eos_id, port, conn, threads, stderr) -> None:
+def exit_during_rendezvous(conn, cfg, fixes, eos_id, store, threads, private) -> None:
     """Say alive, then die before joining the process group (the trainer is in the rendezvous)."""
-    with open(stderr, "a") as f:
-        f.write("fault_workers: exiting during the rendezvous\n")
+    print("fault_workers: exiting during the rendezvous", file=sys.stderr, flush=True)
     conn.send(("alive",))
     time.sleep(0.5)
     os._exit(3)
@@ -27,9 +26,9 @@ def main(mode: str, run_dir: str) -> None:
     from conftest import make_cfg
 
     from zkl.errors import RunFault
-    from zkl.layouts import dedicated
+    from zkl.layouts import dedicated, worker
 
-    dedicated._worker = getattr(fault_workers, mode)
+    worker.serve = getattr(fault_workers, mode)
     os.makedirs(run_dir, exist_ok=True)
     cfg = make_cfg("+layout=dedicated")
     start = time.perf_counter()

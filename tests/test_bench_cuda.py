@@ -10,7 +10,10 @@ from conftest import make_cfg
 from zkl.models import ModelConfig, build_model
 
 pytest.importorskip("triton")
-from zkl import bench_cuda  # noqa: E402
+from zkl.experiments import bench_cuda, bench_gemm  # noqa: E402
+from zkl.experiments.roofline import decode_bytes  # noqa: E402
+from zkl.experiments.timing import format_table  # noqa: E402
+from zkl.experiments.workload import MODES, NEW_TOKENS, PROMPT_LEN, bench_requests  # noqa: E402
 
 
 def test_decode_bytes_counts_weights_once_and_the_live_kv():
@@ -18,29 +21,29 @@ def test_decode_bytes_counts_weights_once_and_the_live_kv():
     model = build_model(cfg, torch.bfloat16, seed=1)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
-    assert bench_cuda.decode_bytes(model, 4, 99.0) == weights + 4 * 100 * kv
+    assert decode_bytes(model, 4, 99.0) == weights + 4 * 100 * kv
     untied_cfg = ModelConfig(family="qwen3", tie_word_embeddings=False)
     untied = build_model(untied_cfg, torch.bfloat16, seed=1)
     table = untied.embed_tokens.weight.numel() * 2
     total = sum(p.numel() * p.element_size() for p in untied.parameters())
     kv = 2 * untied.cfg.num_hidden_layers * untied.cfg.num_key_value_heads * untied.cfg.head_dim
-    assert bench_cuda.decode_bytes(untied, 1, 0.0) == total - table + 2 * kv
+    assert decode_bytes(untied, 1, 0.0) == total - table + 2 * kv
 
 
 def test_gemm_shapes_and_table():
     cfg = make_cfg("model=qwen2_5_1_5b").model
-    shapes = dict((name, (k, n)) for name, k, n in bench_cuda.gemm_shapes(cfg))
+    shapes = dict((name, (k, n)) for name, k, n in bench_gemm.gemm_shapes(cfg))
     assert shapes["down"] == (8960, 1536) and shapes["gate_up"] == (1536, 17920)
     assert shapes["qkv"] == (1536, 1536 + 2 * 256) and shapes["lm_head"] == (1536, 151936)
-    text = bench_cuda.format_table({"a": 1.23456, "b": "x"})
+    text = format_table({"a": 1.23456, "b": "x"})
     assert text.splitlines()[0].split() == ["a", "1.235"] and text.endswith("x")
 
 
 def test_requests_are_fixed_length_and_seeded():
-    a, b = bench_cuda.bench_requests(3, 100), bench_cuda.bench_requests(3, 100)
+    a, b = bench_requests(3, 100), bench_requests(3, 100)
     assert [r.prompt for r in a] == [r.prompt for r in b]
-    assert all(len(r.prompt) == bench_cuda.PROMPT_LEN for r in a)
-    assert all(r.params.max_new_tokens == bench_cuda.NEW_TOKENS for r in a)
+    assert all(len(r.prompt) == PROMPT_LEN for r in a)
+    assert all(r.params.max_new_tokens == NEW_TOKENS for r in a)
 
 
 @pytest.mark.gpu
@@ -53,12 +56,12 @@ def test_cuda_table_on_a_tiny_model():
         assert out[f"roofline/b{batch}/zero_fraction"] > 0
     assert out["train/zero/step_s"] > 0 and out["gemm/4096^3/zkl_tflops"] > 0
     assert "hf/skipped" in out or out["hf/b4/gen_tokens_per_s"] > 0
-    assert "Self CUDA" in bench_cuda.profile_decode_step(model, 4, bench_cuda.MODES["zero"])
+    assert "Self CUDA" in bench_cuda.profile_decode_step(model, 4, MODES["zero"])
 
 
 @pytest.mark.gpu
 def test_tile_candidates_report_speed_and_bits():
-    out = bench_cuda.gemm_at("t", 64, 1024, 1024, configs=((64, 64, 64, 4, 4),))
+    out = bench_gemm.gemm_at("t", 64, 1024, 1024, configs=((64, 64, 64, 4, 4),))
     assert out["gemm/t/zkl_tflops"] > 0 and out["gemm/t/zkl_over_cublas"] > 0
     assert out["gemm/t/zkl_bitwise_fixed"] == 1.0  # the tile M picked has the fixed bits
     assert out["tiles/t/64x64x64x4x4/over_cublas"] > 0

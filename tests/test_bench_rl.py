@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zkl import bench_rl
 from zkl.errors import ConfigError
+from zkl.experiments import bench_rl
 from zkl.experiments.config import BenchConfig, check_bench
 from zkl.run.compose import compose
 

@@ -14,8 +14,10 @@ from conftest import SMALL, make_cfg
 from omegaconf import OmegaConf
 
 from zkl import invariance
-from zkl.cert import beds, execute, plan, run_cert
 from zkl.errors import ConfigError
+from zkl.experiments import ablation
+from zkl.experiments.beds import beds, plan
+from zkl.experiments.cert import execute, run_cert
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = ["cert.models=[tiny_dense,tiny_moe]", "cert.precisions=[bf16,mxfp8]"]
@@ -193,8 +195,6 @@ def test_ablation_mode_the_bed_cannot_run_is_a_row_not_a_refusal(tmp_path):
 
 
 def test_no_effect_reasons_measured_on_the_cpu_are_not_claimed_on_cuda(monkeypatch):
-    from zkl import ablation
-
     cfg = make_cfg("model=tiny_moe")
     assert "the CPU splits" in ablation.why_no_effect("batch_invariant_reductions", cfg)
     assert "the CPU engine" in ablation.why_no_effect("moe_combine_order", cfg)

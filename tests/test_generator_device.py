@@ -1,5 +1,5 @@
 """The dedicated generator's placement (`layout.backend=nccl`: a GPU of its own) and the
-bandwidth probe a refit is compared against, checked on the CPU.
+transport's peak bandwidth a refit is compared against, checked on the CPU.
 
 The two-GPU runs themselves are in tests/test_multi_gpu.py (nvidia-h200-x2); here a fake
 two-GPU machine checks every sentence a placement that cannot run gets, before any work.
@@ -11,12 +11,15 @@ import math
 
 import pytest
 import torch
+import torch.distributed as dist
 from conftest import make_cfg
 
 from zkl import memory
 from zkl.device import generator_device
 from zkl.errors import ConfigError
+from zkl.experiments.transport_peak import peak_gb_per_s
 from zkl.layouts.dedicated import DedicatedGenerator
+from zkl.rl.policy import Policy
 from zkl.run.validate import validate
 
 HUGE = 10**15
@@ -100,15 +103,15 @@ def test_the_generators_gpu_is_checked_for_its_own_memory(two_gpus, monkeypatch)
     assert memory.generator_estimate(cfg, 512)["generator weights and refit buffer"] > 0
 
 
-def test_probe_measures_the_broadcast_the_refit_uses(tmp_path):
-    """gloo on the CPU: a finite positive GB/s, and the generator still refits afterwards."""
+def test_peak_measures_the_broadcast_the_refit_uses(tmp_path):
+    """gloo on the CPU: a finite positive GB/s, and a generator refits afterwards (the peak
+    leaves no group behind)."""
     cfg = make_cfg("+layout=dedicated", "model.num_hidden_layers=1")
+    rate = peak_gb_per_s(cfg, 1 << 20, repeats=3)
+    assert math.isfinite(rate) and rate > 0
+    assert not dist.is_initialized()
     generator = DedicatedGenerator(cfg, eos_id=1, run_dir=tmp_path)
     try:
-        rate = generator.probe(1 << 20, repeats=3)
-        assert math.isfinite(rate) and rate > 0
-        from zkl.rl.policy import Policy
-
         policy = Policy(cfg)
         generator.refit(policy.refit_state(), policy.version)
     finally:

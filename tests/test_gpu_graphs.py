@@ -11,7 +11,7 @@ from conftest import make_cfg
 from zkl import invariance
 from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.sampling import SamplingParams
-from zkl.layouts import load_refit
+from zkl.layouts.refit import load_refit
 from zkl.models import build_model
 from zkl.scoring import score
 

@@ -18,7 +18,6 @@ from zkl.megatron.mapping import (
     from_megatron,
     fuse_qkv,
     gpt_model_kwargs,
-    layer_spec_plan,
     to_megatron,
     transformer_config_kwargs,
 )
@@ -55,23 +54,6 @@ def test_transformer_config_dense_and_moe():
     assert gpt_model_kwargs(moe_cfg)["position_embedding_type"] == "none"
     with pytest.raises(ValueError, match="nemotron_h"):
         transformer_config_kwargs(model_cfg("tiny_hybrid"), "bfloat16")
-
-
-def test_layer_spec_plan_per_engine():
-    moe = model_cfg("tiny_moe")
-    local = {s.slot: s for s in layer_spec_plan(moe, "megatron_local")}
-    assert local["linear_qkv"].megatron == "ColumnParallelLinear"
-    assert local["core_attention"].fix == "attention_fixed_split"
-    assert local["moe_layer"].fix == "moe_combine_order"
-    te = {s.slot: s for s in layer_spec_plan(model_cfg("tiny_dense"), "transformer_engine")}
-    assert te["linear_qkv"].megatron == "TELayerNormColumnParallelLinear"
-    assert te["input_layernorm"].fix is None and "moe_layer" not in te
-    inf = {s.slot: s for s in layer_spec_plan(moe, "inference_optimized")}
-    assert inf["router"].megatron == "InferenceTopKRouter"
-    fixes = {s.fix for s in layer_spec_plan(moe, "megatron_local")} - {None}
-    assert fixes <= set(invariance.FIXES)
-    with pytest.raises(ValueError, match="engine.backend"):
-        layer_spec_plan(moe, "native")
 
 
 @pytest.mark.parametrize(

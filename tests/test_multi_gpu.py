@@ -14,6 +14,7 @@ import torch
 from conftest import SMALL, make_cfg
 from test_faults import finish, generation_child, start, wait_for_step
 
+from zkl.experiments.transport_peak import peak_gb_per_s
 from zkl.layouts.dedicated import DedicatedGenerator
 from zkl.rl.loop import run
 from zkl.rl.policy import Policy
@@ -57,14 +58,14 @@ def test_nccl_generator_killed_mid_run_is_reported_in_seconds(tmp_path):
     assert len(read_metrics(run_dir)) >= 1
 
 
-def test_nccl_probe_and_refit_on_two_gpus(tmp_path):
+def test_nccl_peak_and_refit_on_two_gpus(tmp_path):
     cfg = make_cfg(*NCCL)
     policy = Policy(cfg)
+    rate = peak_gb_per_s(cfg, 64 << 20, repeats=3)
+    assert math.isfinite(rate) and rate > 0
     generator = DedicatedGenerator(cfg, eos_id=1, run_dir=tmp_path)
     try:
         assert generator.transport == "nccl"
-        rate = generator.probe(64 << 20, repeats=3)
-        assert math.isfinite(rate) and rate > 0
         generator.refit(policy.refit_state(), policy.version)
     finally:
         generator.close()

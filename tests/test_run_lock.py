@@ -123,7 +123,8 @@ def test_cert_refuses_a_run_directory_in_use_and_writes_nothing(tmp_path):
 def test_a_cert_bed_directory_is_locked_by_its_run(tmp_path):
     from conftest import make_cfg
 
-    from zkl.cert import bed_dir, plan, run_cert
+    from zkl.experiments.beds import bed_dir, plan
+    from zkl.experiments.cert import run_cert
 
     cfg = make_cfg("cert.steps=2")
     bed = bed_dir(tmp_path, plan(cfg)[0])

@@ -219,7 +219,7 @@ def test_tiles_disagreeing_on_a_device_pin_one_tile(monkeypatch):
 def test_gemm_tile_override_computes_the_same_product():
     """`gemm(config=...)` (the bench's tile candidates) runs the given tiles: every candidate
     indexes and masks right on a shape no tile divides (interpreter, fp16)."""
-    from zkl.bench_cuda import TILE_CANDIDATES
+    from zkl.experiments.bench_gemm import TILE_CANDIDATES
 
     g = torch.Generator().manual_seed(1)
     x = torch.randn(70, 200, generator=g).to(torch.float16)

@@ -209,10 +209,10 @@ def test_wandb_reader_says_something(tmp_path):
 
 
 def test_bench_says_where_it_wrote(tmp_path, capsys):
-    from zkl.bench import _write, say
+    from zkl.experiments.bench import say, write_result
 
     say("round 1/5 done")
-    _write({"threads": 1, "zero/gen_tokens_per_s": 2.5}, tmp_path)
+    write_result({"threads": 1, "zero/gen_tokens_per_s": 2.5}, tmp_path)
     captured = capsys.readouterr()
     assert "zkl.bench: round 1/5 done" in captured.err
     assert f"results: {tmp_path / 'bench.json'}" in captured.out

@@ -26,7 +26,7 @@ from zkl.checkpoint_file import CHECKPOINT_FILE
 from zkl.errors import ConfigError
 from zkl.memory import param_count
 from zkl.resume_logs import trim_logs
-from zkl.tracking.run_log import METRICS_FILE
+from zkl.tracking.run_log import METRICS_FILE, flatten
 
 if TYPE_CHECKING:  # the schema composes the parts; a part names it only in annotations
     from zkl.run.schema import ZklConfig
@@ -35,21 +35,12 @@ if TYPE_CHECKING:  # the schema composes the parts; a part names it only in anno
 MAY_CHANGE = ("resume", "rl.steps", "checkpoint.", "tracking.progress", "tracking.wandb.")
 
 
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
-        out: dict[str, Any] = {}
-        for key, value in tree.items():
-            out.update(_flat(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: tree}
-
-
 def config_dict(cfg: ZklConfig) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.structured(cfg))
 
 
 def _check_same_config(cfg: ZklConfig, saved: dict[str, Any]) -> None:
-    now, then = _flat(config_dict(cfg)), _flat(saved)
+    now, then = flatten(config_dict(cfg)), flatten(saved)
     for key in sorted(set(now) | set(then)):
         if key.startswith(MAY_CHANGE) or now.get(key) == then.get(key):
             continue

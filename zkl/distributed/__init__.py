@@ -10,7 +10,6 @@ same values in the same order as in one process.
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -19,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from zkl.distributed.checks import sharded
+from zkl.loopback import free_port
 
 T = TypeVar("T")
 
@@ -90,12 +90,6 @@ def current() -> World:
     return _WORLD
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def backend(cfg: Any) -> str:
     if cfg.trainer.backend != "auto":
         return cfg.trainer.backend
@@ -112,7 +106,7 @@ def init(cfg: Any) -> World:
         _WORLD = World()
         return _WORLD
     if "WORLD_SIZE" not in os.environ:  # world size 1 through the FSDP path
-        own = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": str(_free_port())}
+        own = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": str(free_port())}
         own.update({} if "MASTER_ADDR" in os.environ else {"MASTER_ADDR": "127.0.0.1"})
         os.environ.update(own)
         _OWN_ENV[:] = list(own)  # removed again by shutdown(): a later run is not a rank

@@ -24,6 +24,7 @@ import torch.multiprocessing as mp
 from zkl import distributed
 from zkl.distributed.checks import sharded
 from zkl.errors import ConfigError, RunFault
+from zkl.loopback import free_port
 
 ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 SPAWNED_KEY = "ZKL_SPAWNED_RANK"  # set in the ranks `spawn` starts
@@ -103,10 +104,6 @@ def _rank_main(cfg: Any, run_dir: str, progress: bool | None, env: dict[str, str
         sys.exit(130)
 
 
-def _free_port() -> int:
-    return distributed._free_port()
-
-
 def spawn(cfg: Any, run_dir: str | Path, progress: bool | None) -> list[dict[str, Any]]:
     """Run `trainer.world_size` ranks on this machine; return rank 0's metric rows.
 
@@ -122,7 +119,7 @@ def spawn(cfg: Any, run_dir: str | Path, progress: bool | None) -> list[dict[str
         SPAWNED_KEY: "1",
         "WORLD_SIZE": str(size),
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
+        "MASTER_PORT": str(free_port()),
     }
     ctx = mp.get_context("spawn")
     procs = []

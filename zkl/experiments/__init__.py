@@ -1,1 +1,2 @@
-"""Experiments on the framework: certification, fix ablation and benchmarks."""
+"""Experiments over zkl: certification (`python -m zkl.cert`), the fix ablation, and the
+benchmarks (`python -m zkl.bench`). Nothing in the library imports them."""

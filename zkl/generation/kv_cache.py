@@ -47,10 +47,6 @@ class KVCache:
     def clear_slot(self, slot: int) -> None:
         """A new request takes `slot`; stale K/V need no clearing (attention masks them)."""
 
-    def read(self, layer: int, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K, V [Hkv, length, D] of one slot's first `length` positions (for the prefix cache)."""
-        return self.k[layer, slot, :, :length].clone(), self.v[layer, slot, :, :length].clone()
-
     def write(self, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Place K, V [Hkv, n, D] at positions 0..n-1 of `slot`."""
         n = k.shape[1]

@@ -6,7 +6,8 @@ import torch
 
 from zkl.generation.engine import Completion, EngineStats, Request
 from zkl.invariance import is_enabled
-from zkl.layouts import build_engine, build_generation_model, load_refit, refit_payload
+from zkl.layouts.engine_setup import build_engine, build_generation_model
+from zkl.layouts.refit import load_refit, refit_payload
 from zkl.precision import DTYPES
 
 

@@ -1,11 +1,9 @@
 """zkl's model config and weights in megatron-core's terms, as plain data (no megatron import).
 
-Three things, all pure so CPU CI tests them without megatron-core (which needs Python 3.12):
+Two things, both pure so CPU CI tests them without megatron-core (which needs Python 3.12):
 - `transformer_config_kwargs` / `gpt_model_kwargs`: the keyword arguments of megatron's
   `TransformerConfig` and `GPTModel` for a zkl `ModelConfig` (strings stand for the two
   values that are not plain data: the activation function and the parameter dtype).
-- `layer_spec_plan`: which module sits in each slot of the layer spec, per engine, with the
-  zkl fix that swaps it.
 - `to_megatron` / `from_megatron`: zkl's native state dict <-> GPTModel's, with megatron's
   fused QKV (per query group: the group's query heads, then its key, then its value) and
   fused SwiGLU `linear_fc1` (gate rows, then up rows); in the TE specs the two pre-norms
@@ -13,8 +11,6 @@ Three things, all pure so CPU CI tests them without megatron-core (which needs P
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
@@ -108,95 +104,6 @@ def gpt_model_kwargs(model: ModelConfig) -> dict:
         "share_embeddings_and_output_weights": model.tie_word_embeddings,
         "position_embedding_type": "none",
     }
-
-
-@dataclass(frozen=True)
-class SpecSlot:
-    """One slot of the layer spec: megatron's module for it and the fix that swaps it."""
-
-    slot: str
-    megatron: str  # the class megatron's own spec puts there
-    fix: str | None  # the zkl fix whose kernel replaces it at run time (None: always zkl's)
-
-
-def layer_spec_plan(model: ModelConfig, engine: str) -> list[SpecSlot]:
-    """What `zkl.megatron.spec` builds for `engine`: every slot, megatron's class, its fix.
-
-    Each zkl module subclasses megatron's and runs megatron's own forward while its fix is
-    off, so default mode is megatron's code and ablation switches one fix at a time. Core
-    attention is always zkl's wrapper: it reads and writes zkl's KV cache (continuous
-    batching), running megatron's dot-product attention math unless the fix is on.
-    """
-    if engine not in ENGINES:
-        raise ValueError(
-            f"engine.backend={engine!r} is not a megatron engine; use one of {ENGINES}."
-        )
-    te = engine == "transformer_engine"
-    inference = engine == "inference_optimized"
-    column = (
-        "InferenceColumnParallelLinear"
-        if inference
-        else "TEColumnParallelLinear"
-        if te
-        else "ColumnParallelLinear"
-    )
-    row = (
-        "InferenceRowParallelLinear"
-        if inference
-        else "TERowParallelLinear"
-        if te
-        else "RowParallelLinear"
-    )
-    fused = engine in FUSED_NORM_ENGINES
-    norm = "TENorm" if fused else "WrappedTorchNorm"
-    fused_linear = (
-        "InferenceLayerNormColumnParallelLinear" if inference else "TELayerNormColumnParallelLinear"
-    )
-    plan = [
-        SpecSlot("embedding", "VocabParallelEmbedding", None),
-        SpecSlot(
-            "input_layernorm",
-            "IdentityOp (fused into linear_qkv)" if fused else norm,
-            None if fused else "batch_invariant_reductions",
-        ),
-        SpecSlot("linear_qkv", fused_linear if fused else column, "batch_invariant_gemm"),
-        SpecSlot("core_attention", "DotProductAttention", "attention_fixed_split"),
-        SpecSlot("linear_proj", row, "batch_invariant_gemm"),
-    ]
-    if model.qk_norm:
-        plan += [
-            SpecSlot("q_layernorm", norm, "batch_invariant_reductions"),
-            SpecSlot("k_layernorm", norm, "batch_invariant_reductions"),
-        ]
-    dense = any(not model.layer_is_moe(i) for i in range(model.num_hidden_layers))
-    if dense:
-        plan += [
-            SpecSlot(
-                "pre_mlp_layernorm",
-                "IdentityOp (fused into linear_fc1)" if fused else norm,
-                None if fused else "batch_invariant_reductions",
-            ),
-            SpecSlot("linear_fc1", fused_linear if fused else column, "batch_invariant_gemm"),
-            SpecSlot("linear_fc2", row, "batch_invariant_gemm"),
-        ]
-    if model.is_moe:
-        plan += [
-            SpecSlot("moe_pre_mlp_layernorm", norm, "batch_invariant_reductions"),
-            SpecSlot("moe_layer", "MoELayer", "moe_combine_order"),
-            SpecSlot(
-                "router", "InferenceTopKRouter" if inference else "TopKRouter", "moe_combine_order"
-            ),
-            SpecSlot(
-                "experts",
-                "InferenceGroupedMLP" if inference else "SequentialMLP",
-                "batch_invariant_gemm",
-            ),
-        ]
-    plan += [
-        SpecSlot("final_layernorm", norm, "batch_invariant_reductions"),
-        SpecSlot("output_layer", "ColumnParallelLinear", "batch_invariant_gemm"),
-    ]
-    return plan
 
 
 def _split_rows(t: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:

@@ -25,6 +25,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from zkl import ops
 from zkl.invariance import is_enabled
+from zkl.loopback import loopback_only
 from zkl.megatron.mapping import gpt_model_kwargs, to_megatron, transformer_config_kwargs
 from zkl.megatron.spec import Step, block_spec
 from zkl.models.config import ModelConfig
@@ -41,8 +42,6 @@ def ensure_parallel_state(device: torch.device, seed: int) -> None:
     it; megatron's groups are then built over it with every size 1.
     """
     if not dist.is_initialized():
-        from zkl.layouts.dedicated import loopback_only
-
         loopback_only()  # one rank: an in-memory store, no TCPStore on every interface
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():

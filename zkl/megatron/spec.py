@@ -243,7 +243,7 @@ def _mlp_spec(model: ModelConfig, engine: str, moe: bool):
 
 
 def layer_spec(model: ModelConfig, engine: str, step: Step, moe: bool) -> ModuleSpec:
-    """One TransformerLayer spec with zkl's modules in every slot of `layer_spec_plan`."""
+    """One TransformerLayer spec with zkl's modules in every slot (docs/megatron.md's table)."""
     _, column, row, fused, norm = _providers(engine)
     qk_norm = norm if model.qk_norm else IdentityOp
     # MoE layers keep a separate pre-MLP norm (megatron's TE spec does the same).

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 from zkl import invariance
 from zkl.tracking.errors import ERROR_FILE, read_error
-from zkl.tracking.run_log import CONFIG_FILE, METRICS_FILE, axes
+from zkl.tracking.run_log import CONFIG_FILE, METRICS_FILE, axes, flatten
 
 SKIP_DIRS = {".submitit", ".hydra", "wandb", "__pycache__"}
 NOT_AXES = ("tracking.", "checkpoint.", "resume", "cert.", "fixes.", "zero_train_gen_mismatch")
@@ -78,15 +78,6 @@ class Run:
             return "-".join(axes(OmegaConf.create(self.config)).values())
         except Exception:  # a config cut short by an early failure
             return ""
-
-
-def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
-        out: dict[str, Any] = {}
-        for key, value in tree.items():
-            out.update(flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: tree}
 
 
 def fixes_label(flat: dict[str, Any]) -> str:

@@ -43,19 +43,20 @@ class Rollout:
     lp_train: list[torch.Tensor]
 
 
+def sampled_requests(sp, prompts: list[list[int]], seeds: list[int]) -> list[Request]:
+    """Request i samples prompts[i] under `sp` (the `sampling` config) with seed seeds[i]."""
+    return [
+        Request(i, prompt, SamplingParams(sp.temperature, sp.top_p, sp.top_k, sp.max_new_tokens, s))
+        for i, (prompt, s) in enumerate(zip(prompts, seeds, strict=True))
+    ]
+
+
 def make_requests(cfg: ZklConfig, task, step: int) -> tuple[list, list[Request]]:
     """G samples of each prompt of this step; each request's seed is fixed by (seed, step, i)."""
-    rl, sp = cfg.rl, cfg.sampling
-    problems = task.problems(cfg.seed, step, rl.prompts_per_step)
-    requests = []
-    for p_index, problem in enumerate(problems):
-        prompt = task.prompt(problem)
-        for g in range(rl.samples_per_prompt):
-            i = p_index * rl.samples_per_prompt + g
-            seed = (cfg.seed * 1_000_003 + step * 10_007 + i) % (2**63)
-            params = SamplingParams(sp.temperature, sp.top_p, sp.top_k, sp.max_new_tokens, seed)
-            requests.append(Request(i, prompt, params))
-    return problems, requests
+    problems = task.problems(cfg.seed, step, cfg.rl.prompts_per_step)
+    prompts = [p for p in map(task.prompt, problems) for _ in range(cfg.rl.samples_per_prompt)]
+    seeds = [(cfg.seed * 1_000_003 + step * 10_007 + i) % (2**63) for i in range(len(prompts))]
+    return problems, sampled_requests(cfg.sampling, prompts, seeds)
 
 
 def arrival_order(requests: list[Request], group: int) -> list[Request]:

@@ -28,6 +28,16 @@ TOKENS_FILE = "tokens.jsonl"
 CONFIG_FILE = "config.yaml"
 
 
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """A saved config's nested dicts as one dict of dotted keys (`rl.lr`), to compare by key."""
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
 def axes(cfg) -> dict[str, str]:
     """The sweep axes of a run: what a comparison groups by.
 

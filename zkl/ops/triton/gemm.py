@@ -78,7 +78,7 @@ def _candidates(depth: int, width: int, dtype: torch.dtype) -> set[Config]:
 
 
 @triton.jit
-def _tile_coords(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr):
+def tile_coords(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr):
     """Grouped tile order (better L2 reuse): it changes which tile runs when, never the math."""
     num_m = tl.cdiv(M, BLOCK_M)
     per_group = GROUP * tl.cdiv(N, BLOCK_N)
@@ -88,7 +88,7 @@ def _tile_coords(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP
 
 
 @triton.jit
-def _tma_tile(
+def tma_tile(
     x_desc,
     w_desc,
     o_desc,
@@ -115,7 +115,7 @@ def _tma_tile(
 
 
 @triton.jit(do_not_specialize=["M"])
-def _gemm_tma_kernel(
+def gemm_tma_kernel(
     x_desc,
     w_desc,
     o_desc,
@@ -129,14 +129,12 @@ def _gemm_tma_kernel(
     BLOCK_K: tl.constexpr,
     GROUP: tl.constexpr,
 ):
-    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP)
-    _tma_tile(
-        x_desc, w_desc, o_desc, b_ptr, pid_m, pid_n, N, K, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K
-    )
+    pid_m, pid_n = tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP)
+    tma_tile(x_desc, w_desc, o_desc, b_ptr, pid_m, pid_n, N, K, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit(do_not_specialize=["M"])
-def _gemm_tma_persistent_kernel(
+def gemm_tma_persistent_kernel(
     x_desc,
     w_desc,
     o_desc,
@@ -154,8 +152,8 @@ def _gemm_tma_persistent_kernel(
     """One program per SM walking the tiles: no tail wave, the next tile's loads overlap."""
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     for tile in tl.range(tl.program_id(0), num_tiles, NUM_SMS, flatten=True):
-        pid_m, pid_n = _tile_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP)
-        _tma_tile(
+        pid_m, pid_n = tile_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP)
+        tma_tile(
             x_desc, w_desc, o_desc, b_ptr, pid_m, pid_n, N, K, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K
         )
 
@@ -183,7 +181,7 @@ def _gemm_kernel(
     BLOCK_K: tl.constexpr,
     GROUP: tl.constexpr,
 ):
-    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP)
+    pid_m, pid_n = tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP)
 
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -262,11 +260,11 @@ def _launch(x, weight, bias, out, config: Config, tma: bool) -> None:
         )
         if block_m >= 128:  # the large tiles run persistent: measured faster at every shape
             sms = sm_count(x.device)
-            _gemm_tma_persistent_kernel[(min(sms, tiles),)](
+            gemm_tma_persistent_kernel[(min(sms, tiles),)](
                 *descs, bias_arg, num_rows, num_cols, depth, NUM_SMS=sms, **common
             )
         else:
-            _gemm_tma_kernel[(tiles,)](*descs, bias_arg, num_rows, num_cols, depth, **common)
+            gemm_tma_kernel[(tiles,)](*descs, bias_arg, num_rows, num_cols, depth, **common)
         return
     _gemm_kernel[(tiles,)](
         x,

@@ -26,14 +26,14 @@ from typing import Any
 import torch
 
 from zkl import invariance, memory
-from zkl.bench_cuda import copy_bandwidth, decode_bytes
+from zkl.experiments.roofline import copy_bandwidth, decode_bytes
+from zkl.experiments.workload import MODES
 from zkl.generation.engine import GenerationEngine
 from zkl.layouts import build_generator
 from zkl.rl.loop import make_requests, train_step, validate_run
 from zkl.rl.policy import Policy
 from zkl.rl.task import ResidueTask, build_task
 
-MODES = {"zero": frozenset(invariance.FIXES), "default": frozenset()}
 SCORE_TOKENS = 65536  # tokens a scoring forward
 
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from zkl import invariance
-from zkl.bench_cuda import cuda_time, graph_time
+from zkl.experiments.timing import cuda_time, graph_time
 from zkl.ops.triton import attention as attn
 
 HEADS, KV_HEADS, HEAD_DIM = 12, 2, 128

@@ -1,0 +1,190 @@
+"""The CUDA benchmark table (`python -m zkl.bench device=cuda`): what zero mode costs on a GPU.
+
+One process, one set of seeded weights, the same requests for every mode. Rows:
+- generation tokens/s, zero vs default mode, graphs on in both, at several batch sizes;
+- the train step (scoring forward + backward) zero vs default;
+- the invariant Triton GEMM vs `torch.mm` (cuBLAS) at 4096^3 and at the model's shapes, with
+  the candidate tiles (`bench_gemm`);
+- the decode step vs the memory roofline (`roofline`);
+- zkl generation vs transformers' `generate` (`bench_hf`), when transformers is installed.
+Timings are medians of CUDA-event timed repeats after a warm-up.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+import triton
+from torch.profiler import ProfilerActivity, profile
+
+from zkl import invariance
+from zkl.experiments.bench_gemm import gemm_rows
+from zkl.experiments.bench_hf import hf_generate
+from zkl.experiments.roofline import copy_bandwidth, decode_bytes
+from zkl.experiments.timing import cuda_time
+from zkl.experiments.workload import (
+    MODES,
+    NEW_TOKENS,
+    PROMPT_LEN,
+    TRAIN_LEN,
+    TRAIN_SEQS,
+    bench_requests,
+)
+from zkl.generation.engine import GenerationEngine
+from zkl.precision import weight_cache
+from zkl.scoring import sequence_logprobs
+
+BATCHES = (1, 16, 64, 256)
+
+
+def generation(model: torch.nn.Module, batch: int, fixes: frozenset[str]) -> dict[str, object]:
+    """Tokens/s of one batch (end to end and decode only) with graphs on, after a warm-up.
+
+    Should capture fail, the row is measured eagerly and says so (`graphs` 0 and the error),
+    so one broken capture costs one figure's comparability, not the whole table.
+    """
+    try:
+        return {**_generation(model, batch, fixes, "on"), "graphs": 1}
+    except Exception as exc:  # noqa: BLE001 - reported in the row, and on stderr
+        print(f"zkl.bench: graphs failed at batch {batch}: {exc!r}", file=sys.stderr)
+        gc.collect()
+        torch.cuda.empty_cache()
+        return {**_generation(model, batch, fixes, "off"), "graphs": 0, "graphs_error": repr(exc)}
+
+
+def _generation(
+    model: torch.nn.Module, batch: int, fixes: frozenset[str], graphs: str
+) -> dict[str, float]:
+    requests = bench_requests(batch, model.cfg.vocab_size)
+    with invariance.enabled(fixes):
+        engine = GenerationEngine(
+            model, max_batch_size=batch, eos_id=None, sync_every=16, cuda_graphs=graphs
+        )
+        engine.generate(requests)  # capture and warm-up
+        samples = []
+        for _ in range(3):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            done = engine.generate(requests)
+            torch.cuda.synchronize()
+            total = time.perf_counter() - t0
+            samples.append((total, engine.stats.decode_s, engine.stats.decode_steps))
+    total, decode_s, steps = min(samples)
+    tokens = sum(len(c.tokens) for c in done)
+    return {
+        "gen_tokens_per_s": tokens / total,
+        "decode_tokens_per_s": batch * steps / decode_s,
+        "decode_step_ms": 1e3 * decode_s / steps,
+    }
+
+
+def train_step(model: torch.nn.Module, fixes: frozenset[str]) -> float:
+    """Seconds of one scoring forward + backward over TRAIN_SEQS x TRAIN_LEN tokens."""
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, model.cfg.vocab_size, (TRAIN_SEQS, TRAIN_LEN), generator=g)
+    tokens = tokens.to(model.embed_tokens.weight.device)
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        sequence_logprobs(model, tokens).mean().backward()
+
+    with invariance.enabled(fixes):
+        seconds = cuda_time(step, repeats=3)
+    model.zero_grad(set_to_none=True)
+    return seconds
+
+
+def run_cuda_bench(
+    model: torch.nn.Module,
+    batches: tuple[int, ...] = BATCHES,
+    checkpoint: Callable[[dict], None] | None = None,
+) -> dict:
+    """Every row of the CUDA table, as one flat dict (also the JSON written by zkl.bench).
+
+    `checkpoint(partial)` is called after each section, so a run cut short by a time limit
+    still leaves the rows it measured.
+    """
+    save = checkpoint or (lambda partial: None)
+    out: dict[str, object] = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "prompt_len": PROMPT_LEN,
+        "new_tokens": NEW_TOKENS,
+    }
+    out["triton"] = triton.__version__
+    bandwidth = copy_bandwidth()
+    out["copy_bandwidth_tb_s"] = bandwidth / 1e12
+    # The figures the speed goals are set at first (batch 64, train step, GEMMs with the tile
+    # candidates beside them, transformers), the other batch sizes last, so a time-boxed run
+    # that is cut short still leaves those.
+    hf_batch = 64 if 64 in batches else batches[-1]
+    _generation_rows(out, model, hf_batch, bandwidth)
+    save(out)
+    for mode, fixes in MODES.items():
+        out[f"train/{mode}/step_s"] = train_step(model, fixes)
+    out["train/zero_over_default_time"] = out["train/zero/step_s"] / out["train/default/step_s"]
+    save(out)
+    out.update(gemm_rows(model.cfg))
+    save(out)
+    try:
+        hf = hf_generate(model, hf_batch)
+    except Exception as exc:  # noqa: BLE001 - a peer's failure is a row, not the table's end
+        print(f"zkl.bench: transformers' generate failed: {exc!r}", file=sys.stderr)
+        hf = f"failed: {exc!r}"
+    if isinstance(hf, str):
+        out["hf/skipped"] = hf
+    else:
+        out[f"hf/b{hf_batch}/gen_tokens_per_s"] = hf["gen_tokens_per_s"]
+        out["hf/version"] = hf["version"]
+        zkl_rate = out[f"gen/b{hf_batch}/zero/gen_tokens_per_s"]
+        out[f"hf/b{hf_batch}/zkl_zero_over_hf"] = zkl_rate / hf["gen_tokens_per_s"]
+    save(out)
+    for batch in batches:
+        if batch != hf_batch:
+            _generation_rows(out, model, batch, bandwidth)
+            save(out)
+    return out
+
+
+def _generation_rows(out: dict, model: torch.nn.Module, batch: int, bandwidth: float) -> None:
+    """Zero vs default generation at one batch size, and the decode step vs the roofline."""
+    for mode, fixes in MODES.items():
+        for key, value in generation(model, batch, fixes).items():
+            out[f"gen/b{batch}/{mode}/{key}"] = value
+    zero, default = (out[f"gen/b{batch}/{m}/gen_tokens_per_s"] for m in MODES)
+    out[f"gen/b{batch}/zero_over_default"] = zero / default
+    step_s = out[f"gen/b{batch}/zero/decode_step_ms"] / 1e3
+    mean_keys = PROMPT_LEN + NEW_TOKENS / 2
+    roofline_s = decode_bytes(model, batch, mean_keys) / bandwidth
+    out[f"roofline/b{batch}/step_ms"] = 1e3 * roofline_s
+    out[f"roofline/b{batch}/zero_fraction"] = roofline_s / step_s
+    default_step_s = out[f"gen/b{batch}/default/decode_step_ms"] / 1e3
+    out[f"roofline/b{batch}/default_fraction"] = roofline_s / default_step_s
+    gc.collect()  # each engine holds its graphs' memory pool until collected
+    torch.cuda.empty_cache()
+
+
+def profile_decode_step(model: torch.nn.Module, batch: int, fixes: frozenset[str]) -> str:
+    """A torch.profiler table of one eager decode step at `batch` rows (kernels by CUDA time).
+
+    Eager, not replayed, so the table names every kernel; the graph replay runs the same ones.
+    """
+    device = model.embed_tokens.weight.device
+    requests = bench_requests(batch, model.cfg.vocab_size)
+    engine = GenerationEngine(model, max_batch_size=batch, eos_id=None, cuda_graphs="off")
+    with invariance.enabled(fixes), torch.no_grad(), weight_cache(engine.quant_cache):
+        engine._filters = (False, False)
+        cache, state = engine._new_buffers(PROMPT_LEN + 8, 8)
+        engine._prefill(cache, state, list(enumerate(requests)))
+        rows = torch.arange(batch, device=device)
+        for _ in range(3):  # compile and warm up
+            engine._decode(cache, state, rows)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            engine._decode(cache, state, rows)
+            torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)

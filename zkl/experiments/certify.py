@@ -1,0 +1,140 @@
+"""How one bed is certified: step-0 schedules compared token by token, or N real GRPO steps
+each exactly zero and each trained (the module docstring of `zkl.experiments.cert`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zkl import invariance
+from zkl.errors import ConfigError
+from zkl.generation.engine import Request
+from zkl.layouts import build_generator
+from zkl.metrics import mismatch_metrics
+from zkl.rl import loop
+from zkl.rl.policy import Policy
+from zkl.rl.task import build_task
+from zkl.run.schema import ZklConfig
+from zkl.run.validate import validate
+from zkl.scoring import score
+
+# (max_batch_size, prefill_chunk, arrival order, scoring micro-batch)
+SCHEDULES = [
+    (1, 0, "natural", 0),
+    (3, 5, "reversed", 1),
+    (8, 0, "shuffled", 7),
+    (5, 16, "shuffled", 3),
+]
+NUM_PROMPTS = 12
+
+
+def cert_requests(cfg: ZklConfig, task, seed: int) -> list[Request]:
+    """Prompts of varied length behind the task's shared system prefix, one sample each."""
+    prompts = task.varied_prompts(seed, NUM_PROMPTS)
+    return loop.sampled_requests(cfg.sampling, prompts, [seed + i for i in range(len(prompts))])
+
+
+def check(cfg: ZklConfig) -> None:
+    """Every config check the run of `cfg` makes, made before any bed starts."""
+    task = build_task(cfg.task, cfg.model.vocab_size)
+    if cfg.cert.steps == 0 and cfg.trainer.world_size > 1:
+        raise ConfigError(
+            "cert.steps=0 runs in one process; certify trainer.world_size="
+            f"{cfg.trainer.world_size} with cert.steps=N (N >= 2): its ranks run N GRPO steps."
+        )
+    if cfg.cert.steps == 0:
+        longest = max(len(r.prompt) for r in cert_requests(cfg, task, cfg.seed))
+        validate(cfg, len(task.tokenizer), longest + 1 + cfg.sampling.max_new_tokens)
+    else:
+        loop.validate_run(cfg, task)
+
+
+def certify_step0(cfg: ZklConfig) -> dict[str, Any]:
+    """Generate under every schedule, score under several groupings, compare every token."""
+    check(cfg)
+    task = build_task(cfg.task, cfg.model.vocab_size)
+    requests = cert_requests(cfg, task, cfg.seed)
+    lp_train, lp_gen = [], []
+    with invariance.enabled(invariance.from_config(cfg)):
+        policy = Policy(cfg)
+        generator = build_generator(cfg, policy, task.tokenizer.eos_id)
+        try:
+            generator.refit(policy.refit_state(), policy.version)
+            for i, (batch_size, chunk, order, micro) in enumerate(SCHEDULES):
+                generator.configure(batch_size, chunk)
+                ordered = list(requests)
+                if order == "reversed":
+                    ordered.reverse()
+                elif order == "shuffled":
+                    random.Random(i).shuffle(ordered)
+                completions, _ = generator.generate(ordered)
+                scored = score(
+                    policy.model,
+                    [c.prompt for c in completions],
+                    [c.tokens for c in completions],
+                    [r.params.temperature for r in ordered],
+                    micro,
+                )
+                lp_train += scored
+                lp_gen += [c.logprobs for c in completions]
+        finally:
+            generator.close()
+    metrics = mismatch_metrics(torch.cat(lp_train), torch.cat(lp_gen))
+    metrics["tokens"] = int(sum(t.numel() for t in lp_gen))
+    metrics.update(steps=1, update_norm=None, weight_version=0, reasons=[])
+    return metrics
+
+
+def untrained_steps(rows: list[dict[str, Any]]) -> list[str]:
+    """Why steps of a multi-step run certified no refit of new weights (empty: none)."""
+    reasons = []
+    for row, following in itertools.zip_longest(rows, rows[1:]):
+        step = row["step"]
+        if row["rl/zero_adv_frac"] == 1.0:
+            reasons.append(
+                f"every advantage of step {step} was zero (equal rewards in each group), "
+                "so it trained nothing"
+            )
+        elif row["weights/changed_tensors"] == 0:
+            reasons.append(
+                f"the update of step {step} (norm {row['optim/update_norm']:.3g}) changed none "
+                "of the weights the generator gets, e.g. a learning rate below their resolution"
+            )
+        if following is not None and following["gen/weight_version"] != row["weights/version"]:
+            reasons.append(
+                f"step {following['step']} rolled out with weight version "
+                f"{following['gen/weight_version']}, not the refitted {row['weights/version']}"
+            )
+    return reasons
+
+
+def certify_steps(cfg: ZklConfig, run_dir: Path) -> dict[str, Any]:
+    """N real GRPO steps; the bed's metrics are the worst step's."""
+    cfg = dataclasses.replace(
+        cfg,
+        rl=dataclasses.replace(cfg.rl, steps=cfg.cert.steps),
+        checkpoint=dataclasses.replace(cfg.checkpoint, save=False),  # a bed is never resumed
+    )
+    rows = loop.run(cfg, run_dir, progress=False)
+    worst = max(rows, key=lambda r: r["train/max_abs_logprob_diff"])
+    metrics = {k: v for k, v in worst.items() if k.startswith("train/")}
+    metrics["train/bitwise_equal_frac"] = min(r["train/bitwise_equal_frac"] for r in rows)
+    metrics["train/gen_kl_error"] = max(r["train/gen_kl_error"] for r in rows)
+    metrics["tokens"] = int(sum(r["gen/response_tokens"] for r in rows))
+    metrics["steps"] = len(rows)
+    metrics["nonzero_steps"] = sum(r["train/max_abs_logprob_diff"] != 0.0 for r in rows)
+    metrics["update_norm"] = min(r["optim/update_norm"] for r in rows)
+    metrics["weight_version"] = rows[-1]["gen/weight_version"]
+    metrics["reasons"] = untrained_steps(rows)
+    return metrics
+
+
+def certify(cfg: ZklConfig, run_dir: Path) -> dict[str, Any]:
+    if cfg.cert.steps > 0:
+        return certify_steps(cfg, run_dir)
+    return certify_step0(cfg)

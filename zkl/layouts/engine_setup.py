@@ -1,0 +1,45 @@
+"""The generator's own model and its engine, set up the same way in every layout."""
+
+from __future__ import annotations
+
+import torch
+
+from zkl.device import generator_device
+from zkl.generation.engine import GenerationEngine
+from zkl.models import build_model
+from zkl.precision import DTYPES
+
+
+def sync_every(cfg, device: torch.device) -> int:
+    """`engine.sync_every`, with 0 meaning 1 on the CPU and 8 on a GPU."""
+    if cfg.engine.sync_every:
+        return cfg.engine.sync_every
+    return 8 if device.type == "cuda" else 1
+
+
+def build_engine(cfg, model: torch.nn.Module, eos_id: int | None) -> GenerationEngine:
+    """The engine over `model`; `sampling.ignore_eos` turns EOS off (fixed-length responses)."""
+    device = model.embed_tokens.weight.device
+    return GenerationEngine(
+        model,
+        max_batch_size=cfg.engine.max_batch_size,
+        eos_id=None if cfg.sampling.ignore_eos else eos_id,
+        kv_mode=cfg.kv.mode,
+        prefill_chunk=cfg.engine.prefill_chunk,
+        prefix_cache_blocks=cfg.engine.prefix_cache_blocks,
+        sync_every=sync_every(cfg, device),
+        cuda_graphs=cfg.engine.cuda_graphs,
+    )
+
+
+def build_generation_model(cfg) -> torch.nn.Module:
+    """The generator's own copy of the architecture (weights arrive with the first refit),
+    on the generator's device (`layout.generator_device` with `layout.backend=nccl`)."""
+    return build_model(
+        cfg.model,
+        DTYPES[cfg.precision.compute_dtype],
+        cfg.precision.linear_quant,
+        cfg.seed,
+        generator_device(cfg),
+        cfg.engine.backend,
+    )

@@ -18,7 +18,6 @@ import faulthandler
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import threading
@@ -35,6 +34,7 @@ import torch.multiprocessing as mp
 from zkl import invariance
 from zkl.checkpoint import preempt_signal
 from zkl.device import generator_device, resolve_device
+from zkl.distributed.loopback import loopback_only
 from zkl.errors import RunFault
 from zkl.generation.engine import Completion, EngineStats, Request
 from zkl.layouts import build_engine, build_generation_model, load_refit, refit_payload
@@ -53,19 +53,6 @@ def _rendezvous_file() -> str:
     locks its file, which network file systems do unreliably.
     """
     return os.path.join(tempfile.mkdtemp(prefix="zkl-rendezvous-"), "store")
-
-
-def loopback_only() -> None:
-    """Gloo's and NCCL's own sockets on the loopback interface: both ranks share one host.
-
-    Gloo binds the address the host name resolves to, NCCL's bootstrap the first non-loopback
-    interface; a value the user set is kept (docs/gpu.md says what NCCL listens on).
-    """
-    names = [name for _, name in socket.if_nameindex()]
-    loopback = "lo" if "lo" in names else next((n for n in names if n.startswith("lo")), None)
-    if loopback is not None:
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
 
 
 def pack(state: dict[str, torch.Tensor]) -> tuple[list[tuple[str, str, list[int]]], torch.Tensor]:

@@ -24,10 +24,12 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from zkl import ops
+from zkl.distributed.loopback import loopback_only
 from zkl.invariance import is_enabled
 from zkl.megatron.mapping import gpt_model_kwargs, to_megatron, transformer_config_kwargs
 from zkl.megatron.spec import Step, block_spec
 from zkl.models.config import ModelConfig
+from zkl.models.hf_checkpoint import load_state_dict
 from zkl.models.transformer import RotaryEmbedding, Transformer, init_weights
 from zkl.precision import DTYPES, keeps_fp32
 
@@ -41,8 +43,6 @@ def ensure_parallel_state(device: torch.device, seed: int) -> None:
     it; megatron's groups are then built over it with every size 1.
     """
     if not dist.is_initialized():
-        from zkl.layouts.dedicated import loopback_only
-
         loopback_only()  # one rank: an in-memory store, no TCPStore on every interface
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
@@ -154,8 +154,6 @@ def build_megatron_model(
 def native_state_for(cfg: ModelConfig, engine: str, seed: int) -> dict[str, torch.Tensor]:
     """zkl's native weights (seeded init or `cfg.checkpoint`) in megatron's names, fp32 CPU."""
     if cfg.checkpoint:
-        from zkl.models.hf_checkpoint import load_state_dict
-
         state = load_state_dict(cfg.checkpoint, cfg, "cpu")
     else:
         native = Transformer(cfg)

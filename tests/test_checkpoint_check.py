@@ -13,7 +13,7 @@ from test_hostile_input import assert_refused_before_work, run_entry
 
 from zkl.errors import ConfigError
 from zkl.models import build_model
-from zkl.models.hf_checkpoint import INDEX_FILE
+from zkl.models.hf_checkpoint import INDEX_FILE, to_hf
 from zkl.run.validate import validate
 
 FAMILY_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
@@ -36,7 +36,7 @@ def write_checkpoint(directory: Path, overrides: list[str]) -> None:
         hf.update(norm_topk_prob=cfg.norm_topk_prob, decoder_sparse_step=cfg.decoder_sparse_step)
     tensors = {
         (k if k == "lm_head.weight" else f"model.{k}"): v.detach().clone().contiguous()
-        for k, v in model.state_dict().items()
+        for k, v in to_hf(model.state_dict(), cfg).items()
         if not (cfg.tie_word_embeddings and k == "lm_head.weight")
     }
     directory.mkdir(parents=True)

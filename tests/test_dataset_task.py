@@ -135,12 +135,13 @@ def test_a_sharded_checkpoint_loads_every_shard(ckpt):
     from transformers import AutoModelForCausalLM
 
     from zkl.models import build_model
+    from zkl.models.hf_checkpoint import to_hf
 
     assert (ckpt / "model.safetensors.index.json").is_file()
     assert len(list(ckpt.glob("model-*.safetensors"))) > 1
     cfg = make_cfg(f"model.checkpoint={ckpt}")
     validate(cfg)
-    ours = build_model(cfg.model, torch.float32, device="cpu").state_dict()
+    ours = to_hf(build_model(cfg.model, torch.float32, device="cpu").state_dict(), cfg.model)
     theirs = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).state_dict()
     for name, tensor in theirs.items():
         if name == "lm_head.weight":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import small_model
 
@@ -137,3 +138,17 @@ def test_sampler_follows_the_distribution():
     )
     freq = torch.bincount(tokens, minlength=4) / 40_000
     torch.testing.assert_close(freq, torch.softmax(logits[0], -1), atol=0.01, rtol=0)
+
+
+def test_positions_past_the_rotary_tables_are_refused_before_any_kernel():
+    """The fused RoPE reads its tables without a bounds check, so the engine and the train
+    path refuse what would need a position past them, naming the key."""
+    model = small_model()
+    limit = model.cfg.max_position_embeddings
+    engine = GenerationEngine(model, max_batch_size=2, eos_id=None)
+    request = Request(0, [1] * (limit - 3), SamplingParams(max_new_tokens=4))
+    with pytest.raises(ValueError, match="model.max_position_embeddings"):
+        engine.generate([request])
+    tokens = torch.ones(1, limit + 1, dtype=torch.long)
+    with pytest.raises(ValueError, match="model.max_position_embeddings"):
+        model(tokens, torch.arange(limit + 1).unsqueeze(0))

@@ -1,5 +1,5 @@
-"""The fused decoder-layer passes and stacked projections on CUDA (`python -m pytest -m gpu`):
-each gives the bits of the unfused form it replaces. Skipped without a CUDA device."""
+"""The fused decoder-layer passes on CUDA (`python -m pytest -m gpu`): each gives the bits of
+the unfused form it replaces. Skipped without a CUDA device."""
 
 from __future__ import annotations
 
@@ -69,25 +69,6 @@ def test_silu_mul_rows_never_depend_on_the_batch_and_follow_torch():
     torch.testing.assert_close(full, fast.silu_mul(gate, up), rtol=1e-2, atol=1e-2)
 
 
-@pytest.mark.parametrize("parts", [(1536, 256, 256), (8960, 8960)])
-def test_stacked_gemm_gives_each_part_its_own_bits(parts):
-    """q/k/v and gate/up of the 1.5B as one GEMM: each part bitwise its own GEMM at every M."""
-    from zkl.ops.triton import gemm
-
-    depth = QWEN_1_5B["hidden"]
-    assert gemm.columns_agree(depth, parts, torch.bfloat16, torch.device(DEV))
-    g = torch.Generator(device=DEV).manual_seed(6)
-    weights = [
-        (torch.randn(n, depth, device=DEV, generator=g) * 0.02).to(torch.bfloat16) for n in parts
-    ]
-    stacked = torch.cat(weights)
-    x = torch.randn(600, depth, device=DEV, generator=g).to(torch.bfloat16)
-    for rows in (1, 3, 64, 65, 300, 600):
-        outs = cuda.linear(x[:rows], stacked, None).split(list(parts), dim=-1)
-        for out, w in zip(outs, weights):
-            assert torch.equal(out, cuda.linear(x[:rows], w, None)), (rows, w.shape)
-
-
 def test_decode_attention_reads_each_kv_head_once_with_the_same_bits():
     """Packed GQA decode (6 query heads a KV head) against the whole-sequence kernel."""
     g = torch.Generator(device=DEV).manual_seed(7)
@@ -105,23 +86,21 @@ def test_decode_attention_reads_each_kv_head_once_with_the_same_bits():
         assert torch.equal(out[:, :, 0], whole[:, :, t]), t
 
 
-def test_stacked_model_decode_equals_the_train_path():
-    """A seeded Qwen2 (q/k/v bias) with stacked projections: zero mode's gen-path logits of
-    every position equal the train path's (separate projections, gradients on)."""
+def test_fused_projection_model_decode_equals_the_train_path():
+    """A seeded Qwen2 (q/k/v bias, fused qkv_proj): zero mode's gen-path logits of every
+    position equal the train path's (gradients on)."""
     from zkl.models import ModelConfig, build_model
-    from zkl.models.stacking import stack_projections
 
     cfg = ModelConfig(family="qwen2", qkv_bias=True, num_hidden_layers=2)
     model = build_model(cfg, torch.bfloat16, seed=0, device=DEV)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("bias"):
-                p.normal_(0, 0.1)  # nonzero biases: the stacked bias must add right too
-    stack_projections(model)
+                p.normal_(0, 0.1)  # nonzero biases: the fused bias must add right too
     tokens = torch.randint(0, cfg.vocab_size, (3, 40), device=DEV)
     positions = torch.arange(40, device=DEV).expand(3, 40)
     with invariance.enabled(invariance.FIXES):
-        train = model(tokens, positions)  # gradients on: each projection alone
+        train = model(tokens, positions)  # gradients on, as the update forward
         from zkl.generation.kv_cache import KVCache
 
         cache = KVCache(2, 3, cfg.num_key_value_heads, 64, cfg.head_dim, torch.bfloat16, DEV)

@@ -16,8 +16,8 @@ from zkl.megatron.check import engine_problem
 from zkl.megatron.mapping import (
     ENGINES,
     from_megatron,
-    fuse_qkv,
     gpt_model_kwargs,
+    group_qkv,
     to_megatron,
     transformer_config_kwargs,
 )
@@ -88,7 +88,7 @@ def test_fused_qkv_is_grouped_per_kv_head():
     q = torch.arange(4 * d).float().unsqueeze(1)
     k = 1000 + torch.arange(2 * d).float().unsqueeze(1)
     v = 2000 + torch.arange(2 * d).float().unsqueeze(1)
-    qkv = fuse_qkv(cfg, q, k, v)[:, 0]
+    qkv = group_qkv(cfg, torch.cat([q, k, v]))[:, 0]  # zkl's qkv_proj: all q, all k, all v
     # group 0: query heads 0, 1, then key head 0, value head 0; then group 1
     expected = torch.cat([q[: 2 * d], k[:d], v[:d], q[2 * d :], k[d:], v[d:]])[:, 0]
     assert torch.equal(qkv, expected)

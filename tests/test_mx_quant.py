@@ -17,12 +17,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zkl.precision.fp8_tensor import fake_quantize_fp8_tensor, fp8_tensor_fake_quant_ste
+from zkl.precision import fake_quantizer
+from zkl.precision.fp8_tensor import fake_quantize_fp8_tensor
 from zkl.precision.mx import (
     BLOCK_SIZE,
     MXTensor,
     fake_quantize_mxfp8,
-    mxfp8_fake_quant_ste,
     quantize_mxfp8,
     te_e8m0_scale,
 )
@@ -345,13 +345,13 @@ def test_fp8_tensor_values() -> None:
 # ---------------------------------------------------------------- 5. straight-through gradient
 
 
-@pytest.mark.parametrize("ste", [mxfp8_fake_quant_ste, fp8_tensor_fake_quant_ste])
+@pytest.mark.parametrize("kind", ["mxfp8", "fp8_tensor"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_ste_passes_gradient_unchanged(ste, dtype: torch.dtype) -> None:
+def test_ste_passes_gradient_unchanged(kind, dtype: torch.dtype) -> None:
     x = torch.randn(4, 64, generator=_GEN).to(dtype).requires_grad_()
     upstream = torch.randn(4, 64, generator=_GEN).to(dtype)
-    out = ste(x)
-    reference = fake_quantize_mxfp8 if ste is mxfp8_fake_quant_ste else fake_quantize_fp8_tensor
+    out = fake_quantizer(kind)(x)
+    reference = {"mxfp8": fake_quantize_mxfp8, "fp8_tensor": fake_quantize_fp8_tensor}[kind]
     assert torch.equal(out.detach(), reference(x.detach()))
     out.backward(upstream)
     assert torch.equal(x.grad, upstream)

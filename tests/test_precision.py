@@ -54,8 +54,8 @@ def test_which_layers_are_quantized():
     model = _tiny_moe("mxfp8")
     quantized = {n for n, m in model.named_modules() if getattr(m, "quantize", None)}
     block = "layers.0.self_attn"
-    assert {f"{block}.{p}_proj" for p in "qkvo"} <= quantized
-    assert {f"layers.0.mlp.experts.3.{p}_proj" for p in ("gate", "up", "down")} <= quantized
+    assert {f"{block}.{p}_proj" for p in ("qkv", "o")} <= quantized
+    assert {f"layers.0.mlp.experts.3.{p}_proj" for p in ("gate_up", "down")} <= quantized
     assert not any(n.endswith(("lm_head", "mlp.gate", "norm", "embed_tokens")) for n in quantized)
     assert model.lm_head.quantize is None and model.layers[0].mlp.gate.quantize is None
     for name, p in model.named_parameters():
@@ -66,7 +66,7 @@ def test_which_layers_are_quantized():
 @pytest.mark.parametrize("kind", ["mxfp8", "fp8_tensor"])
 def test_linear_runs_the_quantizer(kind):
     """Output = ops.linear(fake_quant(x), fake_quant(W)); not the bf16 output; STE gradients."""
-    layer = _tiny_moe(kind).layers[0].self_attn.q_proj
+    layer = _tiny_moe(kind).layers[0].self_attn.o_proj  # one part (fused: test_fused_projections)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(3, 5, 64, generator=gen).to(torch.bfloat16)
     grad_out = torch.randn(3, 5, 64, generator=gen).to(torch.bfloat16)
@@ -99,7 +99,7 @@ def test_mxfp8_batch_invariant_fp8_tensor_not():
     x[3] *= 100  # a neighbour that sets the per-tensor amax
     with invariance.enabled(invariance.FIXES), torch.no_grad():
         for kind, invariant in (("mxfp8", True), ("fp8_tensor", False)):
-            layer = _tiny_moe(kind).layers[0].self_attn.q_proj
+            layer = _tiny_moe(kind).layers[0].self_attn.qkv_proj
             alone = layer(x[:1])
             batched = layer(x)[:1]
             assert torch.equal(alone, batched) is invariant, kind

@@ -26,8 +26,8 @@ B, T, HQ, HKV, D = 3, 5, 4, 2, 16
 
 
 def _projection(dtype: torch.dtype, seed: int = 0):
-    """q, k, v [B, T, H, D] as views of one stacked projection output (strided, as on the
-    gen path), the rotary tables and positions that start past zero."""
+    """q, k, v [B, T, H, D] as views of one fused qkv_proj output (strided, as
+    every path projects them), the rotary tables and positions that start past zero."""
     g = torch.Generator().manual_seed(seed)
     qkv = torch.randn(B, T, (HQ + 2 * HKV) * D, generator=g).to(dtype)
     q, k, v = qkv.split([HQ * D, HKV * D, HKV * D], dim=-1)

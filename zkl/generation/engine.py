@@ -26,7 +26,6 @@ from zkl.generation.mamba_cache import HybridCache
 from zkl.generation.prefix_cache import BLOCK, PrefixCache
 from zkl.generation.sampling import SamplingParams, gumbel_max, processed_logits
 from zkl.invariance import FIXES, is_enabled
-from zkl.models.stacking import stack_projections
 from zkl.precision import weight_cache
 
 CAPACITY_STEP = 256  # graphs keep their cache: lengths round up to this, so few recaptures
@@ -123,14 +122,6 @@ class GenerationEngine:
         self.stats = EngineStats()
         self.decoder = self._graph_decoder(cuda_graphs)
         self._static: tuple | None = None  # (cache, state) the graphs read, kept across calls
-        self._stack_projections()
-
-    def _stack_projections(self) -> None:
-        """On CUDA, q/k/v and gate/up run as one GEMM each (`zkl.models.stacking`). Checked at
-        every generate call: a parameter replaced since (not written in place) is re-stacked,
-        and the graphs, keyed by parameter addresses, are recaptured."""
-        if self.device.type == "cuda":
-            stack_projections(self.model)
 
     def _graph_decoder(self, setting: str) -> BucketedDecode | None:
         """`engine.cuda_graphs`: auto = on where the model's decode can be captured."""
@@ -176,7 +167,6 @@ class GenerationEngine:
         """Run every request to EOS or its limit; completions come back in request order."""
         self.stats = EngineStats()
         device = self.device
-        self._stack_projections()
         max_new = max(r.params.max_new_tokens for r in requests)
         max_len = max(len(r.prompt) for r in requests) + max_new
         rope = getattr(self.model, "rope", None)  # the fused RoPE reads its tables unchecked

@@ -4,10 +4,12 @@ Two things, both pure so CPU CI tests them without megatron-core (which needs Py
 - `transformer_config_kwargs` / `gpt_model_kwargs`: the keyword arguments of megatron's
   `TransformerConfig` and `GPTModel` for a zkl `ModelConfig` (strings stand for the two
   values that are not plain data: the activation function and the parameter dtype).
-- `to_megatron` / `from_megatron`: zkl's native state dict <-> GPTModel's, with megatron's
-  fused QKV (per query group: the group's query heads, then its key, then its value) and
-  fused SwiGLU `linear_fc1` (gate rows, then up rows); in the TE specs the two pre-norms
-  live inside the following linear as `layer_norm_weight`.
+- `to_megatron` / `from_megatron`: zkl's native state dict <-> GPTModel's. Both fuse q/k/v
+  and gate/up; zkl's `qkv_proj` holds every query head, then every key head, then every
+  value head, megatron's `linear_qkv` goes per query group (the group's query heads, then
+  its key, then its value), so the rows are regrouped. zkl's `gate_up_proj` is megatron's
+  `linear_fc1` as it is (gate rows, then up rows). In the TE specs the two pre-norms live
+  inside the following linear as `layer_norm_weight`.
 """
 
 from __future__ import annotations
@@ -106,28 +108,26 @@ def gpt_model_kwargs(model: ModelConfig) -> dict:
     }
 
 
-def _split_rows(t: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
-    return list(torch.split(t, sizes, dim=0))
-
-
-def fuse_qkv(model: ModelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """q [Hq*D, ...], k/v [Hkv*D, ...] -> megatron's linear_qkv rows, grouped per KV head."""
+def group_qkv(model: ModelConfig, qkv: torch.Tensor) -> torch.Tensor:
+    """zkl's qkv_proj rows [q heads; k heads; v heads] -> megatron's linear_qkv rows, grouped
+    per KV head (the group's query heads, then its key head, then its value head)."""
     groups, d = model.num_key_value_heads, model.head_dim
     per = model.num_attention_heads // groups
-    rest = q.shape[1:]
+    rest = qkv.shape[1:]
+    q, k, v = torch.split(qkv, [groups * per * d, groups * d, groups * d])
     q = q.reshape(groups, per * d, *rest)
     k = k.reshape(groups, d, *rest)
     v = v.reshape(groups, d, *rest)
     return torch.cat([q, k, v], dim=1).reshape(-1, *rest)
 
 
-def split_qkv(model: ModelConfig, qkv: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The inverse of `fuse_qkv`."""
+def ungroup_qkv(model: ModelConfig, qkv: torch.Tensor) -> torch.Tensor:
+    """The inverse of `group_qkv`."""
     groups, d = model.num_key_value_heads, model.head_dim
     per = model.num_attention_heads // groups
     rest = qkv.shape[1:]
     q, k, v = torch.split(qkv.reshape(groups, (per + 2) * d, *rest), [per * d, d, d], dim=1)
-    return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
+    return torch.cat([t.reshape(-1, *rest) for t in (q, k, v)])
 
 
 def _layer_names(model: ModelConfig, engine: str, i: int) -> dict[str, str]:
@@ -167,23 +167,17 @@ def to_megatron(
         for ours, theirs in _layer_names(model, engine, i).items():
             if p + ours in state:
                 out[theirs] = state[p + ours]
-        attn = p + "self_attn."
         for kind in ("weight", "bias"):
-            if f"{attn}q_proj.{kind}" in state:
-                out[f"{m}self_attention.linear_qkv.{kind}"] = fuse_qkv(
-                    model, *(state[f"{attn}{x}_proj.{kind}"] for x in "qkv")
-                )
+            if f"{p}self_attn.qkv_proj.{kind}" in state:
+                qkv = state[f"{p}self_attn.qkv_proj.{kind}"]
+                out[f"{m}self_attention.linear_qkv.{kind}"] = group_qkv(model, qkv)
         if model.layer_is_moe(i):
             for e in range(model.num_experts):
                 x, y = f"{p}mlp.experts.{e}.", f"{m}mlp.experts.local_experts.{e}."
-                out[y + "linear_fc1.weight"] = torch.cat(
-                    [state[x + "gate_proj.weight"], state[x + "up_proj.weight"]]
-                )
+                out[y + "linear_fc1.weight"] = state[x + "gate_up_proj.weight"]
                 out[y + "linear_fc2.weight"] = state[x + "down_proj.weight"]
         else:
-            out[m + "mlp.linear_fc1.weight"] = torch.cat(
-                [state[p + "mlp.gate_proj.weight"], state[p + "mlp.up_proj.weight"]]
-            )
+            out[m + "mlp.linear_fc1.weight"] = state[p + "mlp.gate_up_proj.weight"]
     return out
 
 
@@ -204,18 +198,12 @@ def from_megatron(
         for kind in ("weight", "bias"):
             key = f"{m}self_attention.linear_qkv.{kind}"
             if key in state:
-                q, k, v = split_qkv(model, state[key])
-                for x, t in zip("qkv", (q, k, v)):
-                    out[f"{p}self_attn.{x}_proj.{kind}"] = t
+                out[f"{p}self_attn.qkv_proj.{kind}"] = ungroup_qkv(model, state[key])
         if model.layer_is_moe(i):
-            inter = model.moe_intermediate_size
             for e in range(model.num_experts):
                 x, y = f"{p}mlp.experts.{e}.", f"{m}mlp.experts.local_experts.{e}."
-                gate, up = _split_rows(state[y + "linear_fc1.weight"], [inter, inter])
-                out[x + "gate_proj.weight"], out[x + "up_proj.weight"] = gate, up
+                out[x + "gate_up_proj.weight"] = state[y + "linear_fc1.weight"]
                 out[x + "down_proj.weight"] = state[y + "linear_fc2.weight"]
         else:
-            inter = model.intermediate_size
-            gate, up = _split_rows(state[m + "mlp.linear_fc1.weight"], [inter, inter])
-            out[p + "mlp.gate_proj.weight"], out[p + "mlp.up_proj.weight"] = gate, up
+            out[p + "mlp.gate_up_proj.weight"] = state[m + "mlp.linear_fc1.weight"]
     return out

@@ -29,6 +29,7 @@ from zkl.loopback import loopback_only
 from zkl.megatron.mapping import gpt_model_kwargs, to_megatron, transformer_config_kwargs
 from zkl.megatron.spec import Step, block_spec
 from zkl.models.config import ModelConfig
+from zkl.models.hf_checkpoint import load_state_dict
 from zkl.models.transformer import RotaryEmbedding, Transformer, init_weights
 from zkl.precision import DTYPES, keeps_fp32
 
@@ -153,8 +154,6 @@ def build_megatron_model(
 def native_state_for(cfg: ModelConfig, engine: str, seed: int) -> dict[str, torch.Tensor]:
     """zkl's native weights (seeded init or `cfg.checkpoint`) in megatron's names, fp32 CPU."""
     if cfg.checkpoint:
-        from zkl.models.hf_checkpoint import load_state_dict
-
         state = load_state_dict(cfg.checkpoint, cfg, "cpu")
     else:
         native = Transformer(cfg)

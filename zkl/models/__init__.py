@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 
 from zkl.models.config import ModelConfig, validate_model
+from zkl.models.families import model_class
+from zkl.models.hf_checkpoint import load_state_dict
 from zkl.models.nemotron_h import NemotronH, init_hybrid_weights
 from zkl.models.transformer import Transformer, init_weights
 from zkl.precision import apply_precision
@@ -14,14 +16,8 @@ __all__ = [
     "NemotronH",
     "Transformer",
     "build_model",
-    "model_class",
     "validate_model",
 ]
-
-
-def model_class(cfg: ModelConfig) -> type[torch.nn.Module]:
-    """The architecture of `cfg.family`."""
-    return NemotronH if cfg.family == "nemotron_h" else Transformer
 
 
 def build_model(
@@ -41,14 +37,13 @@ def build_model(
     weights on the way).
     """
     if engine != "native":
+        # megatron-core is optional (Python >= 3.12): imported only for a megatron engine
         from zkl.megatron.model import build_megatron_model
 
         return build_megatron_model(cfg, engine, compute_dtype, seed, device)
     with torch.device(device):
         model = model_class(cfg)(cfg)
     if cfg.checkpoint:
-        from zkl.models.hf_checkpoint import load_state_dict
-
         model.load_state_dict(load_state_dict(cfg.checkpoint, cfg, device), strict=True)
     elif cfg.family == "nemotron_h":
         init_hybrid_weights(model, seed)

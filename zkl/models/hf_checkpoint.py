@@ -2,7 +2,9 @@
 
 A checkpoint is a directory with `config.json` and `*.safetensors` (one file, or shards listed
 in `model.safetensors.index.json`). zkl's parameter names are HF's without the `model.`
-prefix; the only real mapping is the MoE experts, which may be stored per expert (the layout
+prefix, except that zkl fuses q/k/v (`qkv_proj`) and gate/up (`gate_up_proj`), which HF
+stores as separate projections: names and shapes are checked in HF's separate form, then the
+parts are concatenated (`zkl.models.fused`). The MoE experts may be stored per expert (the layout
 of released Qwen3-MoE checkpoints and what `save_pretrained` of transformers 5 writes, since
 it converts back on save) or fused as in transformers 5's in-memory module
 (`mlp.experts.gate_up_proj` [E, 2*I, H] with gate rows first, `mlp.experts.down_proj`
@@ -23,6 +25,8 @@ from pathlib import Path
 import torch
 
 from zkl.models.config import ModelConfig, validate_model
+from zkl.models.families import model_class
+from zkl.models.fused import Layout, fused_layout, join_fused, split_fused
 
 SUPPORTED = ("qwen2", "qwen3", "qwen3_moe", "nemotron_h")
 # HF's layers_block_type names -> Megatron's pattern letters (as HF's own _list_to_pattern).
@@ -234,7 +238,8 @@ def _shape(t: torch.Tensor) -> list[int]:
 def _unfuse_experts(
     key: str, tensor: torch.Tensor, cfg: ModelConfig, out: dict[str, torch.Tensor]
 ) -> None:
-    """Split a fused experts tensor into zkl's per-expert gate/up/down weights."""
+    """Split a transformers 5 fused experts tensor into per-expert HF names (gate_proj, up_proj,
+    down_proj); the model's gate_up_proj joins gate and up again (`fused.join_fused`)."""
     layer, kind = _FUSED_EXPERTS.match(key).groups()
     prefix = f"layers.{layer}.mlp.experts"
     e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
@@ -268,13 +273,20 @@ def _unfuse_experts(
             out[f"{prefix}.{x}.down_proj.weight"] = fused[x]
 
 
-def _expected_shapes(cfg: ModelConfig) -> dict[str, list[int]]:
-    """Names and shapes of zkl's state dict for `cfg`, from the model itself (meta device)."""
-    from zkl.models import model_class
-
+def _layout(cfg: ModelConfig) -> tuple[dict[str, list[int]], Layout]:
+    """Names and shapes of zkl's state dict for `cfg` with each fused tensor split into its
+    parts (HF's names), and the fused layout; from the model itself (meta device)."""
     with torch.device("meta"):
         model = model_class(cfg)(cfg)
-    return {k: list(v.shape) for k, v in model.state_dict().items()}
+    layout = fused_layout(model)
+    separate = split_fused(model.state_dict(), layout)
+    return {k: list(v.shape) for k, v in separate.items()}, layout
+
+
+def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """zkl's state dict with q/k/v and gate/up split into HF's separate projections (views;
+    no `model.` prefix): what an HF-format checkpoint of zkl's weights holds."""
+    return split_fused(state, _layout(cfg)[1])
 
 
 def _name_list(names: list[str], limit: int = 8) -> str:
@@ -286,15 +298,18 @@ def _name_list(names: list[str], limit: int = 8) -> str:
 def load_state_dict(
     path: str | Path, cfg: ModelConfig, device: torch.device | str = "cpu"
 ) -> dict[str, torch.Tensor]:
-    """All weights of the checkpoint under zkl's parameter names, as fp32 tensors on `device`."""
+    """All weights of the checkpoint under zkl's parameter names (q/k/v and gate/up fused),
+    as fp32 tensors on `device`."""
     sd = map_state_dict(_read_tensors(Path(path), device), cfg, path)
-    return {k: v.to(torch.float32).contiguous() for k, v in sd.items()}
+    sd = {k: v.to(torch.float32).contiguous() for k, v in sd.items()}
+    return join_fused(sd, _layout(cfg)[1])
 
 
 def map_state_dict(
     raw: dict[str, torch.Tensor], cfg: ModelConfig, path: str | Path
 ) -> dict[str, torch.Tensor]:
-    """Checkpoint tensors under zkl's names, every name and shape checked against `cfg`.
+    """Checkpoint tensors under zkl's names with fused projections still split (HF's separate
+    q/k/v and gate/up), every name and shape checked against `cfg`.
 
     Works on meta tensors too, so the checkpoint check runs it on the headers alone.
     """
@@ -326,7 +341,7 @@ def map_state_dict(
             )
         sd[key] = tensor
 
-    expected = _expected_shapes(cfg)
+    expected = _layout(cfg)[0]
     if cfg.tie_word_embeddings and "embed_tokens.weight" in sd:
         # HF ties lm_head to the embedding (any saved lm_head copy is the same tensor).
         sd["lm_head.weight"] = sd["embed_tokens.weight"]

@@ -13,22 +13,41 @@ from torch import nn
 from zkl import ops, rng
 from zkl.invariance import is_enabled
 from zkl.models.config import ModelConfig
-from zkl.models.stacking import stacked_linear
+from zkl.models.fused import init_order
 from zkl.precision import linear_weight_and_input
 
 
 class Linear(nn.Module):
-    """y = x W^T + b through `zkl.ops.linear`; the precision recipe may quantize W and x."""
+    """y = x W^T + b through `zkl.ops.linear`; the precision recipe may quantize W and x.
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, quantizable: bool = True):
+    `out_features` as a dict (part name -> rows) makes a fused projection: projections that
+    read the same input (q/k/v, gate/up) stored back to back as one weight, so every path
+    runs one GEMM for them. The part names are the separate projections' (HF's), which the
+    checkpoint adapters and the seeded init follow (`zkl.models.fused`), and a per-tensor
+    quantizer scales each part on its own, as it would scale separate projections.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int | dict[str, int],
+        bias: bool,
+        quantizable: bool = True,
+    ):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features))
-        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        self.parts = dict(out_features) if isinstance(out_features, dict) else {}
+        rows = sum(self.parts.values()) if self.parts else out_features
+        self.weight = nn.Parameter(torch.empty(rows, in_features))
+        self.bias = nn.Parameter(torch.zeros(rows)) if bias else None
         self.quantizable = quantizable  # embedding, lm_head, router are never quantized
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, x = linear_weight_and_input(self, x)
         return ops.linear(x, weight, self.bias)
+
+    def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """A fused projection's output [..., rows] as its parts' outputs (views)."""
+        return y.split(list(self.parts.values()), dim=-1)
 
 
 class RMSNorm(nn.Module):
@@ -80,9 +99,9 @@ class Attention(nn.Module):
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
-        self.q_proj = Linear(cfg.hidden_size, self.num_heads * self.head_dim, cfg.qkv_bias)
-        self.k_proj = Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, cfg.qkv_bias)
-        self.v_proj = Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, cfg.qkv_bias)
+        q_rows, kv_rows = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        parts = {"q_proj": q_rows, "k_proj": kv_rows, "v_proj": kv_rows}
+        self.qkv_proj = Linear(cfg.hidden_size, parts, cfg.qkv_bias)
         self.o_proj = Linear(self.num_heads * self.head_dim, cfg.hidden_size, False)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
@@ -91,9 +110,7 @@ class Attention(nn.Module):
         """x [B, T, hidden]; `rope` holds the rotary tables (None: no positional encoding)."""
         batch, seq, _ = x.shape
         heads = (self.num_heads, self.num_kv_heads, self.num_kv_heads)
-        projected = stacked_linear(x, (self.q_proj, self.k_proj, self.v_proj))
-        if projected is None:
-            projected = (self.q_proj(x), self.k_proj(x), self.v_proj(x))
+        projected = self.qkv_proj.split(self.qkv_proj(x))
         q, k, v = (t.view(batch, seq, h, self.head_dim) for t, h in zip(projected, heads))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -121,13 +138,12 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
-        self.gate_proj = Linear(hidden, intermediate, False)
-        self.up_proj = Linear(hidden, intermediate, False)
+        parts = {"gate_proj": intermediate, "up_proj": intermediate}
+        self.gate_up_proj = Linear(hidden, parts, False)
         self.down_proj = Linear(intermediate, hidden, False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        projected = stacked_linear(x, (self.gate_proj, self.up_proj))
-        gate, up = projected if projected is not None else (self.gate_proj(x), self.up_proj(x))
+        gate, up = self.gate_up_proj.split(self.gate_up_proj(x))
         return self.down_proj(ops.silu_mul(gate, up))
 
 
@@ -310,11 +326,12 @@ def init_weights(model: Transformer, seed: int) -> None:
 
     Each value is a pure function of (seed, parameter index, element index) through
     `zkl.rng`, computed with exact float operations, so the weights are bitwise the same on
-    the CPU and on a GPU, and are drawn on the parameter's own device.
+    the CPU and on a GPU, and are drawn on the parameter's own device. A fused projection's
+    parts are drawn as separate projections would be (`fused.init_order`).
     """
     half_width = model.cfg.init_std * 3.0**0.5  # uniform(-a, a) has std a / sqrt(3)
     with torch.no_grad():
-        for index, (name, p) in enumerate(model.named_parameters()):
+        for index, (name, p) in enumerate(init_order(model)):
             if name.endswith("norm.weight") or "layernorm" in name:
                 p.fill_(1.0)
             elif name.endswith("bias"):

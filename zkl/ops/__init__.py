@@ -29,22 +29,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     return impl.linear(x, weight, bias)
 
 
-def linear_columns_agree(
-    x: torch.Tensor, depth: int, widths: list[int], dtype: torch.dtype
-) -> bool:
-    """Whether one `linear` over weights stacked along N gives each part the bits of its own
-    `linear` (K = depth, parts of N = widths), on x's device, under the active fixes.
-
-    CPU: never claimed (the reference runs each projection alone). CUDA, invariant GEMM: the
-    device is checked (`columns_agree`). CUDA, default: cuBLAS promises nothing either way.
-    """
-    if not x.is_cuda:
-        return False
-    if not is_enabled("batch_invariant_gemm"):
-        return True
-    return _cuda().columns_agree(depth, tuple(widths), dtype, x.device)
-
-
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     impl = _invariant_for(x) if is_enabled("batch_invariant_reductions") else fast
     return impl.rms_norm(x, weight, eps)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from zkl.ops.triton.attention import attention, attention_default
 from zkl.ops.triton.commit import commit_samples
 from zkl.ops.triton.fused import add_rms_norm, rotary, rotary_into_cache, silu_mul
-from zkl.ops.triton.gemm import columns_agree, linear
+from zkl.ops.triton.gemm import linear
 from zkl.ops.triton.rowwise import rms_norm, softmax, token_logprobs
 from zkl.ops.triton.sampling import gumbel_argmax
 
@@ -16,7 +16,6 @@ __all__ = [
     "add_rms_norm",
     "attention",
     "attention_default",
-    "columns_agree",
     "commit_samples",
     "gumbel_argmax",
     "linear",

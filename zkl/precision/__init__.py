@@ -6,10 +6,12 @@ contrast, `zkl.precision.fp8_tensor`) fake-quantize the weight and the input of 
 quantizable Linear before the GEMM: quantize -> dequantize -> `zkl.ops.linear` (the
 batch-invariant GEMM with fp32 accumulation when `batch_invariant_gemm` is on).
 
-What is quantized: the Linear layers of attention (q/k/v/o_proj) and of the MLPs and MoE
-experts (gate/up/down_proj). What is not: the embedding (an `nn.Embedding`, no recipe), the
-lm_head and the MoE router `mlp.gate` (`Linear(..., quantizable=False)`), and the norms. The
-router and the norms also keep fp32 parameters (`apply_precision`).
+What is quantized: the Linear layers of attention (qkv_proj, o_proj) and of the MLPs and MoE
+experts (gate_up_proj, down_proj); a fused weight is quantized part by part (one per-tensor
+scale for each of q, k, v, gate, up, as separate projections would have). What is not: the
+embedding (an `nn.Embedding`, no recipe), the lm_head and the MoE router `mlp.gate`
+(`Linear(..., quantizable=False)`), and the norms. The router and the norms also keep fp32
+parameters (`apply_precision`).
 
 Both paths run the same recipe on the same tensors. The trainer quantizes the weight afresh
 on every forward (it is about to change it). The generation engine quantizes each weight once
@@ -37,15 +39,42 @@ compare, and it keeps the CPU reference simple: the train forward is literally t
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
 
+from zkl.precision.fp8_tensor import fake_quantize_fp8_tensor
+from zkl.precision.mx import fake_quantize_mxfp8
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 # The active generation-side cache of quantized weights (None: quantize on every call).
 _weight_cache: dict[int, torch.Tensor] | None = None
+
+
+class _StraightThrough(torch.autograd.Function):
+    """`quantize(x)` forward; the gradient passes through unchanged (quantization's derivative
+    is 0 almost everywhere, so training needs the identity in its place)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, quantize: Callable[[torch.Tensor], torch.Tensor]):
+        return quantize(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+def straight_through(
+    quantize: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
+) -> torch.Tensor:
+    """`quantize(x)` with a straight-through (identity) gradient."""
+    return _StraightThrough.apply(x, quantize)
+
+
+FAKE_QUANTIZERS = {"mxfp8": fake_quantize_mxfp8, "fp8_tensor": fake_quantize_fp8_tensor}
 
 
 def fake_quantizer(kind: str) -> Callable[[torch.Tensor], torch.Tensor] | None:
@@ -56,15 +85,9 @@ def fake_quantizer(kind: str) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """
     if kind == "none":
         return None
-    if kind == "mxfp8":
-        from zkl.precision.mx import mxfp8_fake_quant_ste
-
-        return mxfp8_fake_quant_ste
-    if kind == "fp8_tensor":
-        from zkl.precision.fp8_tensor import fp8_tensor_fake_quant_ste
-
-        return fp8_tensor_fake_quant_ste
-    raise ValueError(f"precision.linear_quant={kind!r} is not one of none, mxfp8, fp8_tensor.")
+    if kind not in FAKE_QUANTIZERS:
+        raise ValueError(f"precision.linear_quant={kind!r} is not one of none, mxfp8, fp8_tensor.")
+    return functools.partial(straight_through, FAKE_QUANTIZERS[kind])
 
 
 def keeps_fp32(module_name: str) -> bool:
@@ -112,24 +135,41 @@ def weight_cache(cache: dict[int, torch.Tensor]) -> Iterator[None]:
         _weight_cache = previous
 
 
+def quantize_parts(
+    quantize: Callable[[torch.Tensor], torch.Tensor], weight: torch.Tensor, parts: list[int]
+) -> torch.Tensor:
+    """A fused weight quantized one part (rows `parts`, in order) at a time.
+
+    A per-tensor recipe then keeps one scale per part (q, k, v; gate, up), the scales that
+    separate projections would have. MXFP8 scales 32 elements of one row, so for it the
+    split changes no bit.
+    """
+    if len(parts) <= 1:
+        return quantize(weight)
+    return torch.cat([quantize(w) for w in weight.split(parts)])
+
+
 def linear_weight_and_input(
     module: nn.Module, x: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The (weight, input) pair the GEMM sees under the module's recipe.
 
     No recipe: the module's weight and x unchanged. Otherwise the fake-quantized weight (from
-    the active `weight_cache` if any, else quantized now) and the fake-quantized x.
+    the active `weight_cache` if any, else quantized now; a fused weight part by part, see
+    `quantize_parts`) and the fake-quantized x.
     """
     quantize = getattr(module, "quantize", None)
     if quantize is None:
         return module.weight, x
+    parts = list(getattr(module, "parts", {}).values())
     if _weight_cache is None:
-        weight = quantize(module.weight)
+        weight = quantize_parts(quantize, module.weight, parts)
     else:
         assert not torch.is_grad_enabled(), "a weight cache is for inference (no_grad) only"
         weight = _weight_cache.get(id(module))
         if weight is None:
-            weight = _weight_cache[id(module)] = quantize(module.weight.detach())
+            weight = quantize_parts(quantize, module.weight.detach(), parts)
+            _weight_cache[id(module)] = weight
         assert weight.shape == module.weight.shape and weight.dtype == module.weight.dtype, (
             "a cached quantized weight does not fit its module: the cache outlived its model"
         )

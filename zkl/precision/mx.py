@@ -128,21 +128,3 @@ def fake_quantize_mxfp8(x: torch.Tensor) -> torch.Tensor:
     so bf16 holds it; values past fp32's range are inf in fp32 and bf16 alike.
     """
     return quantize_mxfp8(x).dequantize(x.dtype)
-
-
-class _MXFP8FakeQuantSTE(torch.autograd.Function):
-    """Fake quantization with a straight-through gradient: d(out)/d(x) taken as identity."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        return fake_quantize_mxfp8(x)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        return grad
-
-
-def mxfp8_fake_quant_ste(x: torch.Tensor) -> torch.Tensor:
-    """MXFP8 fake quantization for training: the forward sees the quantized values, the
-    backward passes the gradient through unchanged (quantization's derivative is 0 a.e.)."""
-    return _MXFP8FakeQuantSTE.apply(x)

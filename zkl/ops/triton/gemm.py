@@ -31,9 +31,9 @@ Config = tuple[int, int, int, int, int]  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps
 # narrow N tiles, so a projection still spreads over the SMs without splitting K; a mid M
 # gets 64x64 tiles or a persistent 128x128; a train M the persistent 128x256 (cuBLAS-level).
 DECODE_SLIM = (64, 16, 256, 4, 4)  # M <= 64, N <= 1536 (o_proj, down at the 1.5B)
-DECODE_NARROW = (64, 32, 256, 4, 4)  # M <= 64, N <= 4096 (stacked q/k/v)
+DECODE_NARROW = (64, 32, 256, 4, 4)  # M <= 64, N <= 4096 (fused q/k/v)
 DECODE_MID = (64, 64, 128, 4, 4)  # M <= 64, N <= 16384; M <= 512, N <= 4096
-DECODE_WIDE = (64, 64, 64, 4, 4)  # M <= 64, wide N (stacked gate/up, lm_head)
+DECODE_WIDE = (64, 64, 64, 4, 4)  # M <= 64, wide N (fused gate/up, lm_head)
 MID_WIDE = (128, 128, 128, 8, 3)  # 64 < M <= 512, N > 4096
 TRAIN = (128, 256, 64, 8, 3)  # M > 512
 FP32 = (32, 64, 32, 4, 2)  # IEEE fp32 (the router, fixed): no TF32
@@ -212,7 +212,6 @@ def _gemm_kernel(
 
 
 _SM_COUNT: dict[int, int] = {}
-_COLUMNS_AGREE: dict[tuple, bool] = {}
 _AGREES: dict[tuple, bool] = {}
 
 
@@ -336,34 +335,6 @@ def tiles_agree(depth: int, width: int, dtype: torch.dtype, device: torch.device
             stacklevel=3,
         )
     _AGREES[key] = agree
-    return agree
-
-
-def columns_agree(
-    depth: int, widths: tuple[int, ...], dtype: torch.dtype, device: torch.device
-) -> bool:
-    """Whether a GEMM over weights stacked along N (parts of N = `widths`) gives each part's
-    columns the bits of the part's own GEMM, at every M (q/k/v and gate/up as one GEMM).
-
-    A column's bits follow the tile, never N (the probe of `tiles_agree` rests on that too),
-    so it holds where every shape involved keeps the fixed tile's bits at every M
-    (`tiles_agree`) and the fixed tiles of the shapes agree with each other. Checked once per
-    (K, widths, dtype, device), never while a CUDA graph is being captured.
-    """
-    key = (depth, widths, dtype, str(device))
-    if key in _COLUMNS_AGREE:
-        return _COLUMNS_AGREE[key]
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return False
-    shapes = set(widths) | {sum(widths)}
-    agree = all(tiles_agree(depth, width, dtype, device) for width in shapes)
-    configs = {fixed_config(depth, width, dtype) for width in shapes}
-    if agree and len(configs) > 1:
-        x, w = _probe_inputs(depth, PROBE_COLS, dtype, device, seed=1)
-        first, *others = configs
-        reference = _product(x, w, None, first, tma=False)
-        agree = all(torch.equal(_product(x, w, None, c, tma=False), reference) for c in others)
-    _COLUMNS_AGREE[key] = agree
     return agree
 
 

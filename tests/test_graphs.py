@@ -23,6 +23,7 @@ from zkl.generation.graphs import (
 )
 from zkl.generation.sampling import SamplingParams
 from zkl.models import build_model
+from zkl.precision import apply_precision
 
 ALL = invariance.FIXES
 
@@ -120,7 +121,10 @@ def test_one_padded_step_changes_no_real_row_and_no_padding_state():
 def test_graph_setting_is_checked_and_explained():
     dense, moe = _model(), _model(moe=True)
     assert "CUDA device" in graph_unsupported_reason(dense)
-    assert "MoE" in graph_unsupported_reason(moe)
+    assert "CUDA device" in graph_unsupported_reason(moe)  # its decode reads nothing back
+    quantized = _model(moe=True)
+    apply_precision(quantized, torch.bfloat16, "mxfp8")  # one call per expert
+    assert "MoE" in graph_unsupported_reason(quantized)
     hybrid = build_model(make_cfg("model=tiny_hybrid").model, torch.bfloat16, seed=1)
     assert "Mamba" in graph_unsupported_reason(hybrid)
     with pytest.raises(ValueError, match="engine.cuda_graphs=on"):

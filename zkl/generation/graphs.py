@@ -13,9 +13,10 @@ marked done, so sampling leaves its state untouched, and its KV rows belong to n
 row's result cannot depend on the padding rows (batch invariance; the tests check it with
 `torch.equal`); with them off, padding changes the batch the way any batch change does.
 
-Only models whose decode has no host sync are captured: MoE layers read the expert group
-sizes back to the host and Mamba layers branch on the host, so they decode eagerly
-(`engine.cuda_graphs=auto` says why in the log; `on` refuses them).
+Only models whose decode has no host sync are captured: Mamba layers branch on the host,
+and MoE layers under a quantizing recipe run one call per expert, so they decode eagerly
+(`engine.cuda_graphs=auto` says why in the log; `on` refuses them). MoE layers otherwise
+group and run their experts on the device (`zkl.models.moe`) and are captured.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Callable, Hashable
 
 import torch
 
+from zkl.models.transformer import SparseMoE
 from zkl.ops.fast import static_shapes
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -63,9 +65,8 @@ def graph_unsupported_reason(model: torch.nn.Module) -> str | None:
     """None when the model's decode step can be captured, else why not (one sentence)."""
     if getattr(model, "num_mamba_layers", 0) > 0:
         return "Mamba layers decide on the host which rows commit their chunk state"
-    cfg = model.cfg
-    if any(cfg.layer_is_moe(i) for i in range(cfg.num_hidden_layers)):
-        return "MoE layers read the expert group sizes back to the host (one sync a layer)"
+    if any(isinstance(m, SparseMoE) and m.runs_one_call_per_expert for m in model.modules()):
+        return "MoE layers under a quantizing precision recipe read expert group sizes on the host"
     device = model.embed_tokens.weight.device
     if device.type != "cuda":
         return f"CUDA graphs need a CUDA device and the model is on {device}"

@@ -9,6 +9,7 @@ from zkl.ops.triton.attention import attention, attention_default
 from zkl.ops.triton.commit import commit_samples
 from zkl.ops.triton.fused import add_rms_norm, rotary, rotary_into_cache, silu_mul
 from zkl.ops.triton.gemm import columns_agree, linear
+from zkl.ops.triton.grouped_gemm import grouped_linear, grouped_linear_default
 from zkl.ops.triton.rowwise import rms_norm, softmax, token_logprobs
 from zkl.ops.triton.sampling import gumbel_argmax
 
@@ -18,6 +19,8 @@ __all__ = [
     "attention_default",
     "columns_agree",
     "commit_samples",
+    "grouped_linear",
+    "grouped_linear_default",
     "gumbel_argmax",
     "linear",
     "rms_norm",

@@ -70,9 +70,11 @@ def test_buckets_and_padding_rows():
     ]
 
 
-def test_padding_rows_leave_real_rows_bitwise_unchanged():
-    """Whole runs: eager decode of the running rows vs the bucketed decode with padding."""
-    model = _model()
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_padding_rows_leave_real_rows_bitwise_unchanged(moe):
+    """Whole runs: eager decode of the running rows vs the bucketed decode with padding
+    (MoE too: padding rows route to experts and change every group's size)."""
+    model = _model(moe)
     requests = _requests(11)
     with invariance.enabled(ALL):
         plain = GenerationEngine(model, max_batch_size=6, eos_id=1, cuda_graphs="off")

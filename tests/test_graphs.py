@@ -23,6 +23,7 @@ from zkl.generation.graphs import (
 )
 from zkl.generation.sampling import SamplingParams
 from zkl.models import build_model
+from zkl.precision import apply_precision, quantizes
 
 ALL = invariance.FIXES
 
@@ -69,9 +70,11 @@ def test_buckets_and_padding_rows():
     ]
 
 
-def test_padding_rows_leave_real_rows_bitwise_unchanged():
-    """Whole runs: eager decode of the running rows vs the bucketed decode with padding."""
-    model = _model()
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_padding_rows_leave_real_rows_bitwise_unchanged(moe):
+    """Whole runs: eager decode of the running rows vs the bucketed decode with padding
+    (MoE too: padding rows route to experts and change every group's size)."""
+    model = _model(moe)
     requests = _requests(11)
     with invariance.enabled(ALL):
         plain = GenerationEngine(model, max_batch_size=6, eos_id=1, cuda_graphs="off")
@@ -121,7 +124,11 @@ def test_graph_setting_is_checked_and_explained():
     dense, moe = _model(), _model(moe=True)
     cpu = torch.device("cpu")
     assert "CUDA device" in graph_unsupported_reason(dense.cfg, cpu)
-    assert "MoE" in graph_unsupported_reason(moe.cfg, cpu)
+    assert "CUDA device" in graph_unsupported_reason(moe.cfg, cpu)  # its decode reads nothing back
+    quantized = _model(moe=True)
+    apply_precision(quantized, torch.bfloat16, "mxfp8")  # one call per expert
+    assert quantizes(quantized) and not quantizes(moe)
+    assert "MoE" in graph_unsupported_reason(quantized.cfg, cpu, quantizes(quantized))
     hybrid = build_model(make_cfg("model=tiny_hybrid").model, torch.bfloat16, seed=1)
     assert "Mamba" in graph_unsupported_reason(hybrid.cfg, cpu)
     with pytest.raises(ValueError, match="engine.cuda_graphs=on"):

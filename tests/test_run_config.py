@@ -73,11 +73,18 @@ def test_the_old_engine_key_is_refused_naming_the_new_one():
 
 
 @pytest.mark.parametrize(
-    ("model", "reason"),
-    [("tiny_moe", "MoE layers read the expert group sizes"), ("tiny_hybrid", "Mamba layers")],
+    ("model", "precision", "reason"),
+    [
+        ("tiny_moe", "mxfp8", "MoE layers under a quantizing precision recipe"),
+        ("tiny_hybrid", "bf16", "Mamba layers"),
+    ],
 )
-def test_cuda_graphs_on_that_cannot_work_is_refused_before_work(model, reason, one_gpu, tmp_path):
-    cfg = make_cfg(f"model={model}", "device=cuda", "engine.cuda_graphs=on")
+def test_cuda_graphs_on_that_cannot_work_is_refused_before_work(
+    model, precision, reason, one_gpu, tmp_path
+):
+    cfg = make_cfg(
+        f"model={model}", f"+precision={precision}", "device=cuda", "engine.cuda_graphs=on"
+    )
     with pytest.raises(ConfigError) as err:
         validate(cfg)
     message = str(err.value)
@@ -98,6 +105,8 @@ def test_a_dense_model_on_cuda_decodes_in_graphs_by_default(one_gpu):
     assert not graphs_on("off", cfg.model, CUDA)
     assert not graphs_on("auto", cfg.model, torch.device("cpu"))  # the CPU decodes eagerly
     moe = make_cfg("model=tiny_moe").model
-    assert not graphs_on("auto", moe, CUDA)
+    assert graphs_on("auto", moe, CUDA)  # experts grouped on the device: capturable
+    validate(make_cfg("model=tiny_moe", "device=cuda", "engine.cuda_graphs=on"))
+    assert not graphs_on("auto", moe, CUDA, quantized=True)
     with pytest.raises(ValueError, match="engine.cuda_graphs=on cannot work here: MoE"):
-        graphs_on("on", moe, CUDA)
+        graphs_on("on", moe, CUDA, quantized=True)

@@ -255,3 +255,72 @@ def test_fused_gumbel_argmax_is_the_torch_sampler():
     reference = torch.stack([fast.gumbel_argmax(scores, seeds * 0 + s, zero) for s in range(20)])
     assert torch.equal(many, reference) and many[:, 0].unique().numel() > 1
     assert sampling.gumbel_argmax(scores[:0], seeds[:0], zero[:0]).shape == (0,)
+
+
+def _grouped_problem(sizes: list[int], dtype: torch.dtype = torch.float32, seed: int = 6):
+    """Experts' weights [N=48, K=32] and rows grouped by `sizes` (x, weights, offsets)."""
+    g = torch.Generator().manual_seed(seed)
+    weights = [torch.randn(48, 32, generator=g).to(dtype) for _ in sizes]
+    x = torch.randn(sum(sizes), 32, generator=g).to(dtype)
+    offsets = torch.tensor([0, *torch.tensor(sizes).cumsum(0).tolist()])
+    return x, weights, offsets
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_gemm_rows_equal_each_experts_own_gemm(dtype):
+    """Group sizes 0, 1 and across the 32- and 64-row tile edges, empty groups first and last;
+    each group equals its expert's dense GEMM at the same tile, bit for bit."""
+    from zkl.ops.triton import grouped_gemm
+
+    configs = [gemm.FP32] if dtype == torch.float32 else [gemm.DECODE_SLIM, gemm.SMALL_16]
+    for sizes in ([0, 33, 1, 64], [5, 0, 0, 70], [31, 32, 65, 0]):
+        x, weights, offsets = _grouped_problem(sizes, dtype)
+        bounds = offsets.tolist()
+        for config in configs:
+            out = grouped_gemm.grouped_gemm(x, weights, offsets, config)
+            for e, w in enumerate(weights):
+                rows = x[bounds[e] : bounds[e + 1]]
+                assert torch.equal(
+                    out[bounds[e] : bounds[e + 1]], gemm._product(rows, w, None, config, tma=False)
+                ), (sizes, e, config)
+        if dtype == torch.float32:  # the public forms: the dense `linear`'s rows
+            for form in (grouped_gemm.grouped_linear, grouped_gemm.grouped_linear_default):
+                out = form(x, weights, offsets)
+                for e, w in enumerate(weights):
+                    want = gemm.linear(x[bounds[e] : bounds[e + 1]], w, None)
+                    assert torch.equal(out[bounds[e] : bounds[e + 1]], want)
+
+
+def test_grouped_gemm_row_ignores_the_other_groups():
+    """Expert 2's rows keep their bits whatever the other groups hold (sizes 0 to 70)."""
+    from zkl.ops.triton import grouped_gemm
+
+    x, weights, offsets = _grouped_problem([3, 9, 20, 4])
+    mine = x[12:32]
+    g = torch.Generator().manual_seed(8)
+    want = grouped_gemm.grouped_linear(x, weights, offsets)[12:32]
+    for before, after in ((0, 0), (70, 1), (1, 64), (33, 0)):
+        others = torch.randn(before + after, 32, generator=g)
+        rows = torch.cat([others[:before], mine, others[before:]])
+        offs = torch.tensor([0, before, before, before + 20, before + 20 + after])
+        got = grouped_gemm.grouped_linear(rows, weights, offs)[before : before + 20]
+        assert torch.equal(got, want), (before, after)
+
+
+def test_grouped_gemm_backward():
+    from zkl.ops.triton import grouped_gemm
+
+    x, weights, offsets = _grouped_problem([4, 0, 7, 2])
+    x.requires_grad_()
+    for w in weights:
+        w.requires_grad_()
+    grouped_gemm.grouped_linear(x, weights, offsets).square().sum().backward()
+    got = [t.grad.clone() for t in (x, *weights)]
+    for t in (x, *weights):
+        t.grad = None
+    bounds = offsets.tolist()
+    torch.cat(
+        [x[lo:hi] @ w.t() for w, lo, hi in zip(weights, bounds[:-1], bounds[1:])]
+    ).square().sum().backward()
+    for grad, t in zip(got, (x, *weights)):
+        torch.testing.assert_close(grad, t.grad, rtol=1e-4, atol=1e-4)

@@ -26,7 +26,7 @@ from zkl.generation.mamba_cache import HybridCache
 from zkl.generation.prefix_cache import BLOCK, PrefixCache
 from zkl.generation.sampling import SamplingParams, gumbel_max, processed_logits
 from zkl.invariance import FIXES, is_enabled
-from zkl.precision import weight_cache
+from zkl.precision import quantizes, weight_cache
 
 CAPACITY_STEP = 256  # graphs keep their cache: lengths round up to this, so few recaptures
 
@@ -125,7 +125,7 @@ class GenerationEngine:
 
     def _graph_decoder(self, setting: str) -> BucketedDecode | None:
         """`engine.cuda_graphs`: auto = on where the model's decode can be captured."""
-        if not graphs_on(setting, self.model.cfg, self.device):
+        if not graphs_on(setting, self.model.cfg, self.device, quantizes(self.model)):
             return None
         return BucketedDecode(self._decode_step, self.max_batch_size, capture=True)
 

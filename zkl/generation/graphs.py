@@ -13,10 +13,12 @@ marked done, so sampling leaves its state untouched, and its KV rows belong to n
 row's result cannot depend on the padding rows (batch invariance; the tests check it with
 `torch.equal`); with them off, padding changes the batch the way any batch change does.
 
-Only models whose decode has no host sync are captured: MoE layers read the expert group
-sizes back to the host and Mamba layers branch on the host, so they decode eagerly
+Only models whose decode has no host sync are captured: Mamba layers branch on the host,
+and MoE layers under a quantizing recipe run one call per expert, so they decode eagerly
 (`engine.cuda_graphs=auto` says why in the log; `on` is refused by the config check, from
 the same rule: `graph_unsupported_reason` reads the model's config, not the built model).
+MoE layers otherwise group and run their experts on the device (`zkl.models.moe`) and are
+captured.
 """
 
 from __future__ import annotations
@@ -58,21 +60,27 @@ def padded_rows(running: list[int], free: list[int], size: int) -> list[int]:
     return list(running) + sorted(free)[:pad]
 
 
-def graph_unsupported_reason(model: Any, device: torch.device) -> str | None:
+def graph_unsupported_reason(
+    model: Any, device: torch.device, quantized: bool = False
+) -> str | None:
     """None when the decode step of a model with config `model` (a ModelConfig) on `device`
-    can be captured, else why not (one sentence). The one rule: the config check refuses
+    can be captured, else why not (one sentence); `quantized`: a precision recipe quantizes
+    the Linear layers (`precision.linear_quant`). The one rule: the config check refuses
     `engine.cuda_graphs=on` with it before any model is built, the engine decides with it."""
     layers = range(model.num_hidden_layers)
     if model.family == "nemotron_h" and any(model.layer_kind(i) == "mamba" for i in layers):
         return "Mamba layers decide on the host which rows commit their chunk state"
-    if any(model.layer_is_moe(i) for i in layers):
-        return "MoE layers read the expert group sizes back to the host (one sync a layer)"
+    if quantized and any(model.layer_is_moe(i) for i in layers):
+        return (
+            "MoE layers under a quantizing precision recipe run one call per expert, reading "
+            "the expert group sizes on the host"
+        )
     if device.type != "cuda":
         return f"CUDA graphs need a CUDA device and the model is on {device}"
     return None
 
 
-def graphs_on(setting: object, model: Any, device: torch.device) -> bool:
+def graphs_on(setting: object, model: Any, device: torch.device, quantized: bool = False) -> bool:
     """Whether decode runs in CUDA graphs under `engine.cuda_graphs=setting` for a model with
     config `model` on `device`: auto where the decode can be captured, on or ValueError, off.
     """
@@ -81,7 +89,7 @@ def graphs_on(setting: object, model: Any, device: torch.device) -> bool:
         raise ValueError(f"engine.cuda_graphs={setting!r} must be auto, on or off.")
     if setting == "off":
         return False
-    reason = graph_unsupported_reason(model, device)
+    reason = graph_unsupported_reason(model, device, quantized)
     if reason is None:
         return True
     if setting == "on":

@@ -36,7 +36,7 @@ from megatron.core.transformer.transformer_layer import TransformerLayer, Transf
 from zkl import ops
 from zkl.invariance import is_enabled
 from zkl.models.config import ModelConfig
-from zkl.models.transformer import fixed_route, run_experts
+from zkl.models.moe import fixed_route, run_experts
 from zkl.ops import fast
 
 

@@ -85,6 +85,12 @@ class HybridMoE(SparseMoE):
                 top_w = top_w / (top_w.sum(-1, keepdim=True) + 1e-20)
         return top_i, top_w * self.scale
 
+    def grouped_experts(self, rows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """rows [P, H] grouped per expert at `offsets` -> each row through its relu^2 expert."""
+        up = ops.grouped_linear(rows, [e.up_proj.weight for e in self.experts], offsets)
+        down = [e.down_proj.weight for e in self.experts]
+        return ops.grouped_linear(torch.relu(up).square(), down, offsets)
+
     def forward(self, x: torch.Tensor, expert_order: list[int] | None = None) -> torch.Tensor:
         return super().forward(x, expert_order) + self.shared_experts(x)
 

@@ -14,6 +14,7 @@ from zkl import ops, rng
 from zkl.invariance import is_enabled
 from zkl.models.config import ModelConfig
 from zkl.models.fused import init_order
+from zkl.models.moe import combine, fixed_route, group_by_expert, run_experts
 from zkl.precision import linear_weight_and_input
 
 
@@ -150,11 +151,11 @@ class MLP(nn.Module):
 class SparseMoE(nn.Module):
     """Qwen3-MoE block: softmax router, top-k, renormalised weights, SwiGLU experts.
 
-    Tokens are grouped per expert (one stable sort of the (token, slot) pairs, one host
-    sync for the group sizes), each expert runs once on its rows, and the results land in
-    the pairs' own places. With `moe_combine_order` the router is fp32, ties go to the lower
-    expert id, and each token adds its experts' outputs in fp32 in top-k slot order; without
-    it, outputs are scattered back with `index_add` in dispatch order (atomics on a GPU).
+    The (token, slot) pairs are grouped per expert on the device (`zkl.models.moe`) and the
+    experts run as grouped GEMMs over those groups (`ops.grouped_linear`), so the layer
+    reads nothing back to the host. With `moe_combine_order` the router is fp32, ties go to
+    the lower expert id, and each token adds its experts' outputs in fp32 in top-k slot
+    order; without it, a token adds them in the activation dtype in dispatch order.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -177,79 +178,34 @@ class SparseMoE(nn.Module):
             top_w = top_w / top_w.sum(-1, keepdim=True)
         return top_i, top_w
 
+    @property
+    def runs_one_call_per_expert(self) -> bool:
+        """Under a quantizing recipe each expert scales its own group's input (a per-tensor
+        scale sees that group alone), so each expert runs as one call: a host read of the
+        group sizes."""
+        return getattr(self.experts[0].down_proj, "quantize", None) is not None
+
+    def grouped_experts(self, rows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """rows [P, H] grouped per expert at `offsets` -> each row through its expert."""
+        experts = self.experts
+        fused = ops.grouped_linear(rows, [e.gate_up_proj.weight for e in experts], offsets)
+        gate, up = experts[0].gate_up_proj.split(fused)
+        return ops.grouped_linear(
+            ops.silu_mul(gate, up), [e.down_proj.weight for e in experts], offsets
+        )
+
     def forward(self, x: torch.Tensor, expert_order: list[int] | None = None) -> torch.Tensor:
-        """`expert_order` (tests only) visits experts in another order, as GPU dispatch may."""
+        """`expert_order` (tests only) adds the groups in another order, as GPU atomics may."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])  # [N, H]
         top_i, top_w = self.route(x)
         fixed = is_enabled("moe_combine_order")
-        out = run_experts(x, top_i, top_w, list(self.experts), fixed, expert_order)
-        return out.reshape(shape)
-
-
-def fixed_route(
-    x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, norm_topk_prob: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The `moe_combine_order` router: fp32 logits and softmax, ties to the lower expert id.
-
-    x [N, H] -> (expert ids [N, k], fp32 weights [N, k]); shared by every engine's MoE.
-    """
-    probs = ops.softmax(ops.linear(x.float(), gate_weight.float(), None))
-    # stable sort: equal probabilities resolve to the lower expert id
-    top_w, top_i = probs.sort(dim=-1, descending=True, stable=True)
-    top_w, top_i = top_w[:, :top_k], top_i[:, :top_k]
-    if norm_topk_prob:
-        total = top_w[:, 0]
-        for s in range(1, top_k):  # fixed order, whatever the row count
-            total = total + top_w[:, s]
-        top_w = top_w / total.unsqueeze(-1)
-    return top_i, top_w
-
-
-def run_experts(
-    x: torch.Tensor,
-    top_i: torch.Tensor,
-    top_w: torch.Tensor,
-    experts: list,
-    fixed: bool,
-    expert_order: list[int] | None = None,
-) -> torch.Tensor:
-    """x [N, H] through its top-k experts (`experts[e](rows)` -> [n, H]), weighted and added.
-
-    Tokens are grouped per expert (one stable sort, one host sync for the group sizes).
-    `fixed`: each pair's result lands in its own fp32 row and a token adds its experts in
-    top-k slot order; else `index_add` in dispatch order, in the activation dtype.
-    """
-    top_k = top_i.shape[-1]
-    pairs = top_i.reshape(-1)  # pair p = (token p // k, slot p % k)
-    by_expert = torch.sort(pairs, stable=True).indices  # pairs grouped by expert id
-    counts = torch.bincount(pairs, minlength=len(experts)).tolist()
-    starts = [0]
-    for c in counts:
-        starts.append(starts[-1] + c)
-    order = expert_order if expert_order is not None else range(len(experts))
-    if fixed:
-        results = x.new_zeros(pairs.numel(), x.shape[-1], dtype=torch.float32)
-    else:
-        out = torch.zeros_like(x)
-        flat_w = top_w.reshape(-1)
-    for e in order:
-        if not counts[e]:
-            continue
-        chosen = by_expert[starts[e] : starts[e + 1]]  # [c] pair ids
-        rows = chosen // top_k
-        y = experts[e](x[rows])
-        if fixed:
-            results[chosen] = y.float()
-        else:
-            out.index_add_(0, rows, y * flat_w[chosen].unsqueeze(-1).to(x.dtype))
-    if fixed:
-        weighted = results.view(-1, top_k, x.shape[-1]) * top_w.unsqueeze(-1)
-        out = weighted[:, 0]
-        for s in range(1, top_k):  # fixed order: top-k slot 0, 1, ...
-            out = out + weighted[:, s]
-        out = out.to(x.dtype)
-    return out
+        if self.runs_one_call_per_expert:
+            out = run_experts(x, top_i, top_w, list(self.experts), fixed, expert_order)
+            return out.reshape(shape)
+        by_expert, offsets = group_by_expert(top_i, len(self.experts))
+        results = self.grouped_experts(x[by_expert // self.top_k], offsets)
+        return combine(results, by_expert, top_i, top_w, fixed, expert_order).reshape(shape)
 
 
 class Block(nn.Module):

@@ -8,6 +8,7 @@ No model or engine code branches on the device.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from types import ModuleType
 
 import torch
@@ -27,6 +28,24 @@ def _invariant_for(t: torch.Tensor) -> ModuleType:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     impl = _invariant_for(x) if is_enabled("batch_invariant_gemm") else fast
     return impl.linear(x, weight, bias)
+
+
+def grouped_linear(
+    x: torch.Tensor, weights: Sequence[torch.Tensor], offsets: torch.Tensor
+) -> torch.Tensor:
+    """The MoE experts' GEMMs: x [M, K] with rows grouped at offsets [E + 1] (x's device) ->
+    [M, N], group e @ weights[e].T (each [N, K], no bias).
+
+    With `batch_invariant_gemm` each row equals the dense `linear`'s row of its expert,
+    whatever the other groups hold. On CUDA one launch reads the offsets on the device (no
+    host sync: a CUDA graph can hold it); the CPU loops over the groups on the host.
+    """
+    fixed = is_enabled("batch_invariant_gemm")
+    if x.is_cuda:
+        cuda = _cuda()
+        impl = cuda.grouped_linear if fixed else cuda.grouped_linear_default
+        return impl(x, weights, offsets)
+    return (invariant if fixed else fast).grouped_linear(x, weights, offsets)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

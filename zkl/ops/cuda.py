@@ -9,6 +9,7 @@ from zkl.ops.triton.attention import attention, attention_default
 from zkl.ops.triton.commit import commit_samples
 from zkl.ops.triton.fused import add_rms_norm, rotary, rotary_into_cache, silu_mul
 from zkl.ops.triton.gemm import linear
+from zkl.ops.triton.grouped_gemm import grouped_linear, grouped_linear_default
 from zkl.ops.triton.rowwise import rms_norm, softmax, token_logprobs
 from zkl.ops.triton.sampling import gumbel_argmax
 
@@ -17,6 +18,8 @@ __all__ = [
     "attention",
     "attention_default",
     "commit_samples",
+    "grouped_linear",
+    "grouped_linear_default",
     "gumbel_argmax",
     "linear",
     "rms_norm",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from zkl import rng
+from zkl.ops.invariant import grouped_by_host_loop
 
 _STATIC_SHAPES: ContextVar[bool] = ContextVar("static_shapes", default=False)
 
@@ -34,6 +35,14 @@ def shapes_are_static(device: torch.device) -> bool:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return F.linear(x, weight, bias)
+
+
+def grouped_linear(
+    x: torch.Tensor, weights: Sequence[torch.Tensor], offsets: torch.Tensor
+) -> torch.Tensor:
+    """Group e (rows offsets[e]:offsets[e + 1]) @ weights[e].T, one `F.linear` a group (the
+    CPU's: a host loop costs it nothing; CUDA runs `zkl.ops.cuda.grouped_linear_default`)."""
+    return grouped_by_host_loop(linear, x, weights, offsets)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -9,6 +9,7 @@ tree of elementwise adds.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -32,6 +33,27 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     out = mm_fixed_rows(x.reshape(-1, x.shape[-1]), weight)
     out = out.reshape(*x.shape[:-1], weight.shape[0])
     return out if bias is None else out + bias
+
+
+def grouped_linear(
+    x: torch.Tensor, weights: Sequence[torch.Tensor], offsets: torch.Tensor
+) -> torch.Tensor:
+    """Group e (rows offsets[e]:offsets[e + 1]) through `linear` with weights[e]: each row is
+    the dense GEMM's row. A host loop: reading the offsets costs the CPU nothing."""
+    return grouped_by_host_loop(linear, x, weights, offsets)
+
+
+def grouped_by_host_loop(
+    linear_fn: Callable, x: torch.Tensor, weights: Sequence[torch.Tensor], offsets: torch.Tensor
+) -> torch.Tensor:
+    """`linear_fn(group rows, weights[e], None)` for each non-empty group, in order."""
+    bounds = offsets.tolist()
+    parts = [
+        linear_fn(x[lo:hi], w, None)
+        for w, lo, hi in zip(weights, bounds[:-1], bounds[1:])
+        if hi > lo
+    ]
+    return torch.cat(parts) if parts else x.new_empty(0, weights[0].shape[0])
 
 
 def ordered_sum(x: torch.Tensor, dim: int = -1) -> torch.Tensor:

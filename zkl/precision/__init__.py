@@ -114,6 +114,11 @@ def apply_precision(model: nn.Module, compute_dtype: torch.dtype, linear_quant: 
             module.quantize = quantize if module.quantizable else None
 
 
+def quantizes(model: nn.Module) -> bool:
+    """Whether the recipe `apply_precision` installed quantizes any of the model's Linears."""
+    return any(getattr(m, "quantize", None) is not None for m in model.modules())
+
+
 @contextlib.contextmanager
 def weight_cache(cache: dict[int, torch.Tensor]) -> Iterator[None]:
     """Inside the block, quantized weights come from (and go into) `cache`, keyed by module id.

@@ -119,7 +119,8 @@ def _check_graphs(cfg: ZklConfig, on_cuda: bool) -> None:
         return
     if not on_cuda:
         raise ConfigError("engine.cuda_graphs=on needs device=cuda; use auto or off on the CPU.")
-    reason = graph_unsupported_reason(cfg.model, resolve_device(cfg.device))
+    quantized = cfg.precision.linear_quant != "none"
+    reason = graph_unsupported_reason(cfg.model, resolve_device(cfg.device), quantized)
     if reason:
         raise ConfigError(
             f"engine.cuda_graphs=on cannot work with model={cfg.model.name}: {reason}; use "

@@ -1,0 +1,107 @@
+"""Mixture-of-experts dispatch shared by every MoE layer: route, group, combine.
+
+A layer's (token, slot) pairs are grouped per expert by one stable sort of their expert ids;
+the group offsets come from a search in the sorted ids, so they stay on the device and a
+decode step with MoE layers never waits on the host (the experts then run as one grouped
+GEMM, `zkl.ops.grouped_linear`). With `moe_combine_order` (`fixed`) each pair's result lands
+in its own fp32 row and a token adds its experts in top-k slot order; without it the results
+are scattered back with `index_add` in dispatch order, in the activation dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from zkl import ops
+
+
+def fixed_route(
+    x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, norm_topk_prob: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `moe_combine_order` router: fp32 logits and softmax, ties to the lower expert id.
+
+    x [N, H] -> (expert ids [N, k], fp32 weights [N, k]); shared by every engine's MoE.
+    """
+    probs = ops.softmax(ops.linear(x.float(), gate_weight.float(), None))
+    # stable sort: equal probabilities resolve to the lower expert id
+    top_w, top_i = probs.sort(dim=-1, descending=True, stable=True)
+    top_w, top_i = top_w[:, :top_k], top_i[:, :top_k]
+    if norm_topk_prob:
+        total = top_w[:, 0]
+        for s in range(1, top_k):  # fixed order, whatever the row count
+            total = total + top_w[:, s]
+        top_w = top_w / total.unsqueeze(-1)
+    return top_i, top_w
+
+
+def group_by_expert(top_i: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """top_i [N, k] -> (pair ids grouped by expert [N*k], offsets [E + 1]), both on the device.
+
+    Pair p is (token p // k, slot p % k). Group e is by_expert[offsets[e]:offsets[e + 1]], its
+    pairs in token order (stable sort). The offsets are a search of the sorted ids (no
+    bincount: on CUDA that reads its size back to the host).
+    """
+    pairs = top_i.reshape(-1)
+    sorted_ids, by_expert = torch.sort(pairs, stable=True)
+    bounds = torch.arange(num_experts + 1, device=pairs.device, dtype=pairs.dtype)
+    return by_expert, torch.searchsorted(sorted_ids, bounds)
+
+
+def combine(
+    results: torch.Tensor,
+    by_expert: torch.Tensor,
+    top_i: torch.Tensor,
+    top_w: torch.Tensor,
+    fixed: bool,
+    expert_order: Sequence[int] | None = None,
+) -> torch.Tensor:
+    """Each pair's expert output (`results` [N*k, H], grouped as `by_expert`) weighted and
+    added per token -> [N, H] in the results' dtype.
+
+    Fixed: in fp32, in top-k slot order. Default: in the activation dtype, in dispatch order
+    (expert id, or `expert_order`: tests only, as another GPU dispatch may run), each add
+    rounded as one `index_add` per expert rounds it.
+    """
+    num_tokens, top_k = top_w.shape
+    width, dtype = results.shape[-1], results.dtype
+    if fixed:
+        per_pair = results.new_empty(results.shape, dtype=torch.float32)
+        per_pair = per_pair.index_copy(0, by_expert, results.float())
+        weighted = per_pair.view(num_tokens, top_k, width) * top_w.unsqueeze(-1)
+        out = weighted[:, 0]
+        for s in range(1, top_k):  # fixed order: top-k slot 0, 1, ...
+            out = out + weighted[:, s]
+        return out.to(dtype)
+    per_pair = results.new_empty(results.shape).index_copy(0, by_expert, results)
+    weighted = (per_pair * top_w.reshape(-1, 1).to(dtype)).view(num_tokens, top_k, width)
+    dispatched = top_i
+    if expert_order is not None:
+        dispatched = torch.argsort(torch.tensor(expert_order)).to(top_i.device)[top_i]
+    order = torch.sort(dispatched, dim=-1, stable=True).indices  # [N, k] slots by dispatch
+    weighted = weighted.gather(1, order.unsqueeze(-1).expand(-1, -1, width))
+    out = results.new_zeros(num_tokens, width)
+    for s in range(top_k):
+        out = out + weighted[:, s]
+    return out
+
+
+def run_experts(
+    x: torch.Tensor,
+    top_i: torch.Tensor,
+    top_w: torch.Tensor,
+    experts: Sequence[Callable[[torch.Tensor], torch.Tensor]],
+    fixed: bool,
+    expert_order: Sequence[int] | None = None,
+) -> torch.Tensor:
+    """x [N, H] through its top-k experts (`experts[e](rows)` -> [n, H]), one call each,
+    weighted and added. For experts that are only callables (megatron's modules, a quantizing
+    recipe's per-group input scales): a host loop that reads the group sizes once."""
+    by_expert, offsets = group_by_expert(top_i, len(experts))
+    rows = x[by_expert // top_i.shape[-1]]
+    bounds = offsets.tolist()
+    groups = zip(experts, bounds[:-1], bounds[1:])
+    parts = [expert(rows[lo:hi]) for expert, lo, hi in groups if hi > lo]
+    results = torch.cat(parts) if parts else x.new_zeros(0, x.shape[-1])
+    return combine(results, by_expert, top_i, top_w, fixed, expert_order)

@@ -1,0 +1,157 @@
+"""The house rules of docs/design.md section 7, checked on the source so they cannot drift.
+
+- Dependencies point down: the import graph of zkl's modules has no cycle, and neither has
+  the graph of its parts (`zkl.models`, `zkl.generation`, ...; a module directly in `zkl/`
+  is a part of its own), entry points left out.
+- A function-local import of a zkl module keeps an optional dependency lazy and says so
+  (a comment with the word "optional" on its line or the line above).
+- No module over 400 lines but the Triton kernels.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "zkl"
+ENTRY_POINTS = {"zkl.__main__", "zkl.cli", "zkl.cert", "zkl.bench", "zkl.report.__main__"}
+MAX_LINES = 400
+KERNELS = PACKAGE / "ops" / "triton"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def type_checking_nodes(tree: ast.AST) -> set[int]:
+    """Nodes under `if TYPE_CHECKING:`: annotations only, never run."""
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            inside.update(id(n) for n in ast.walk(node))
+    return inside
+
+
+def imported(node: ast.AST) -> list[str]:
+    """The zkl modules an import statement loads (a name that is a module counts as one)."""
+    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        if not node.module.startswith("zkl"):
+            return []
+        names = (f"{node.module}.{alias.name}" for alias in node.names)
+        return [name if name in MODULES else node.module for name in names]
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names if alias.name.startswith("zkl")]
+    return []
+
+
+def function_local_imports(tree: ast.AST) -> list[ast.AST]:
+    local = []
+    for fn in ast.walk(tree):
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            local += [n for n in ast.walk(fn) if imported(n)]
+    return local
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = defaultdict(set)
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        skip = type_checking_nodes(tree)
+        for node in ast.walk(tree):
+            if id(node) not in skip:
+                graph[name].update(t for t in imported(node) if t != name and t in MODULES)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def part(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def test_module_imports_have_no_cycle():
+    assert cycles(import_graph()) == []
+
+
+def test_parts_depend_downward_only():
+    parts: dict[str, set[str]] = defaultdict(set)
+    for module, targets in import_graph().items():
+        if module in ENTRY_POINTS:
+            continue
+        parts[part(module)].update(part(t) for t in targets if part(t) != part(module))
+    assert cycles(parts) == []
+
+
+def explained(lines: list[str], lineno: int) -> bool:
+    """A comment on the import's line or the line above says the dependency is optional."""
+    context = lines[max(0, lineno - 2) : lineno]
+    return any("optional" in line.split("#", 1)[1] for line in context if "#" in line)
+
+
+def test_function_local_imports_keep_an_optional_dependency_lazy():
+    unexplained = []
+    for name, path in MODULES.items():
+        lines = path.read_text().splitlines()
+        for node in function_local_imports(ast.parse("\n".join(lines))):
+            if not explained(lines, node.lineno):
+                unexplained.append(f"{name}:{node.lineno}")
+    assert unexplained == []
+
+
+SIZED = {name: p for name, p in MODULES.items() if KERNELS not in p.parents}
+
+
+@pytest.mark.parametrize("name", sorted(SIZED))
+def test_modules_stay_small(name):
+    assert len(SIZED[name].read_text().splitlines()) <= MAX_LINES
+
+
+def test_the_rules_see_what_they_check():
+    """The checker finds a cycle, an unexplained local import and an explained one."""
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    source = (
+        "def f():\n    from zkl import ops\n"
+        "def g():\n    # megatron-core is optional\n    from zkl.megatron import model\n"
+    )
+    found = function_local_imports(ast.parse(source))
+    assert [n.lineno for n in found] == [2, 5]
+    lines = source.splitlines()
+    assert [explained(lines, n.lineno) for n in found] == [False, True]

@@ -10,7 +10,7 @@ import torch
 from zkl import bench_cuda, ops
 from zkl.config import compose
 from zkl.ops import fast
-from zkl.rl.policy import Policy
+from zkl.trainer.policy import Policy
 
 
 def main(overrides: list[str]) -> None:

@@ -14,7 +14,7 @@ from zkl import invariance
 from zkl.bench_cuda import bench_requests
 from zkl.config import compose
 from zkl.generation.engine import GenerationEngine
-from zkl.rl.policy import Policy
+from zkl.trainer.policy import Policy
 
 
 def main(overrides: list[str]) -> None:

@@ -107,7 +107,7 @@ def test_probe_measures_the_broadcast_the_refit_uses(tmp_path):
     try:
         rate = generator.probe(1 << 20, repeats=3)
         assert math.isfinite(rate) and rate > 0
-        from zkl.rl.policy import Policy
+        from zkl.trainer.policy import Policy
 
         policy = Policy(cfg)
         generator.refit(policy.refit_state(), policy.version)

@@ -32,9 +32,9 @@ from zkl.config import CONF_DIR, ZklConfig, to_object
 from zkl.layouts import build_engine, build_generator, refit_payload
 from zkl.precision import DTYPES
 from zkl.rl.loop import make_requests, validate_run
-from zkl.rl.policy import Policy
 from zkl.rl.task import build_task
-from zkl.scoring import score
+from zkl.trainer.policy import Policy
+from zkl.trainer.scoring import score
 
 REPEATS = 5
 

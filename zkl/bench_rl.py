@@ -30,8 +30,8 @@ from zkl.bench_cuda import copy_bandwidth, decode_bytes
 from zkl.generation.engine import GenerationEngine
 from zkl.layouts import build_generator
 from zkl.rl.loop import make_requests, train_step, validate_run
-from zkl.rl.policy import Policy
 from zkl.rl.task import ResidueTask, build_task
+from zkl.trainer.policy import Policy
 
 MODES = {"zero": frozenset(invariance.FIXES), "default": frozenset()}
 SCORE_TOKENS = 65536  # tokens a scoring forward

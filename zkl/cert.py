@@ -50,11 +50,11 @@ from zkl.errors import ConfigError, NonFinite
 from zkl.generation.engine import Request
 from zkl.generation.sampling import SamplingParams
 from zkl.layouts import build_generator
-from zkl.metrics import mismatch_metrics
 from zkl.rl import loop
-from zkl.rl.policy import Policy
+from zkl.rl.metrics import mismatch_metrics
 from zkl.rl.task import build_task
-from zkl.scoring import score
+from zkl.trainer.policy import Policy
+from zkl.trainer.scoring import score
 
 # (max_batch_size, prefill_chunk, arrival order, scoring micro-batch)
 SCHEDULES = [

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from zkl.device import resolve_device
 from zkl.distributed.checks import sharded
 
 T = TypeVar("T")
@@ -99,8 +100,6 @@ def _free_port() -> int:
 def backend(cfg: Any) -> str:
     if cfg.trainer.backend != "auto":
         return cfg.trainer.backend
-    from zkl.device import resolve_device
-
     return "nccl" if resolve_device(str(cfg.device)).type == "cuda" else "gloo"
 
 

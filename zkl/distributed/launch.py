@@ -30,7 +30,7 @@ from zkl.distributed.watchdog import Watchdog
 from zkl.errors import ConfigError, RunFault
 from zkl.tracking.run_log import read_metrics
 
-RunFn = Callable[[Any, str, "bool | None"], Any]  # zkl.rl.loop.run: (cfg, run_dir, progress)
+RunFn = Callable[[Any, str, bool | None], Any]  # zkl.rl.loop.run(cfg, run_dir, progress)
 
 ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 SPAWNED_KEY = "ZKL_SPAWNED_RANK"  # set in the ranks `spawn` starts
@@ -61,7 +61,7 @@ def owns_run_dir() -> bool:
 def join(cfg: Any) -> distributed.World:
     """This process's rank of the run (World() for a single-process run)."""
     if _slurm_tasks() > 1 and "WORLD_SIZE" not in os.environ:
-        from submitit.helpers import TorchDistributedEnvironment
+        from submitit.helpers import TorchDistributedEnvironment  # optional: Slurm runs only
 
         TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
     launched = int(os.environ.get("WORLD_SIZE") or 1)

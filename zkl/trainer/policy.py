@@ -73,6 +73,9 @@ class Policy:
         offload = self.cfg.trainer.offload
         self.replicated = fsdp.shard_model(self.model, use_master, self.device, offload)
         self.params = self.masters = list(self.model.parameters())
+        is_main = self.world.is_main
+        self.owned_names = [n for n, p in self.model.named_parameters()  # each counted once
+                            if p not in self.replicated or is_main]  # fmt: skip
         groups = [
             [p for p in self.params if p not in self.replicated],
             [p for p in self.params if p in self.replicated],
@@ -243,8 +246,6 @@ class Policy:
         (grad_sq,) = world.sum([float(torch.stack(own).sum()) if own else 0.0])  # one read
         grad_norm = grad_sq**0.5
         coef = min(self.cfg.rl.grad_clip / (grad_norm + 1e-6), 1.0)
-        names = [n for n, p in self.model.named_parameters()  # each weight counted once
-                 if p not in self.replicated or world.is_main]  # fmt: skip
         with torch.no_grad():
             if coef < 1.0:
                 for g in grads:
@@ -252,6 +253,7 @@ class Policy:
             before = self._forward_shards()
             self.optimizer.step()
             after = self._forward_shards()
-            moved = [(after[n].double() - before[n].double()).square().sum() for n in names]
+            moved = [(after[n].double() - before[n].double()).square().sum()
+                     for n in self.owned_names]  # fmt: skip
             update_sq += float(torch.stack(moved).sum()) if moved else 0.0
         return grad_norm, update_sq

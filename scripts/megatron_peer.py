@@ -13,7 +13,7 @@ from zkl import invariance
 from zkl.megatron.model import build_megatron_model
 from zkl.models import build_model
 from zkl.run.compose import compose
-from zkl.scoring import sequence_logprobs
+from zkl.trainer.scoring import sequence_logprobs
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ from zkl.generation.sampling import SamplingParams
 from zkl.models import build_model
 from zkl.precision import DTYPES
 from zkl.run.compose import compose
-from zkl.scoring import score
+from zkl.trainer.scoring import score
 
 TRACED = (
     "linear",
@@ -94,25 +94,25 @@ def engine_with_tracer(
     engine = GenerationEngine(model, max_batch_size=batch, eos_id=None, cuda_graphs="off")
     if tracer is None:
         return engine
-    prefill, decode_rows = engine._prefill, engine._decode_rows
+    prefill, decode = engine._prefill, engine._decode
 
-    def traced_prefill(cache, state, admitted):
+    def traced_prefill(cache, state, admitted, *args):
         for slot, request in admitted:
             if request.request_id == target:
                 tracer.slot = slot
-        return prefill(cache, state, admitted)
+        return prefill(cache, state, admitted, *args)
 
-    def traced_decode(cache, state, rows):
-        hits = (rows == tracer.slot).nonzero()
-        tracer.row = int(hits[0, 0]) if tracer.slot is not None and len(hits) else None
+    def traced_decode(cache, state, running, *args):
+        rows = list(running)
+        tracer.row = rows.index(tracer.slot) if tracer.slot in rows else None
         if tracer.row is not None and at_pos is not None and int(state.pos[tracer.slot]) != at_pos:
             tracer.row = None
         try:
-            return decode_rows(cache, state, rows)
+            return decode(cache, state, running, *args)
         finally:
             tracer.row = None
 
-    engine._prefill, engine._decode_rows = traced_prefill, traced_decode
+    engine._prefill, engine._decode = traced_prefill, traced_decode
     return engine
 
 

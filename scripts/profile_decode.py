@@ -12,8 +12,8 @@ from zkl.experiments.bench_cuda import profile_decode_step
 from zkl.experiments.timing import graph_time
 from zkl.experiments.workload import MODES
 from zkl.ops import fast
-from zkl.rl.policy import Policy
 from zkl.run.compose import compose
+from zkl.trainer.policy import Policy
 
 
 def main(overrides: list[str]) -> None:

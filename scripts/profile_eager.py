@@ -13,8 +13,8 @@ import torch
 from zkl import invariance
 from zkl.experiments.workload import MODES, bench_requests
 from zkl.generation.engine import GenerationEngine
-from zkl.rl.policy import Policy
 from zkl.run.compose import compose
+from zkl.trainer.policy import Policy
 
 
 def main(overrides: list[str]) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from zkl.metrics import mismatch_metrics
+from zkl.rl.metrics import mismatch_metrics
 from zkl.tracking.run_log import METRICS_FILE, TOKENS_FILE
 
 

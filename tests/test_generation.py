@@ -9,7 +9,7 @@ from conftest import small_model
 from zkl import invariance
 from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.sampling import SamplingParams, processed_logits, sample
-from zkl.scoring import score
+from zkl.trainer.scoring import score
 
 ALL = invariance.FIXES
 

@@ -19,8 +19,8 @@ from zkl.device import generator_device
 from zkl.errors import ConfigError
 from zkl.experiments.transport_peak import peak_gb_per_s
 from zkl.layouts.dedicated import DedicatedGenerator
-from zkl.rl.policy import Policy
 from zkl.run.validate import validate
+from zkl.trainer.policy import Policy
 
 HUGE = 10**15
 NCCL = ["+layout=dedicated", "layout.backend=nccl"]

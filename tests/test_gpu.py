@@ -19,7 +19,7 @@ from zkl.models.transformer import SparseMoE
 from zkl.ops import fast
 from zkl.rl.loop import run
 from zkl.run.schema import CONF_DIR
-from zkl.scoring import score
+from zkl.trainer.scoring import score
 
 pytestmark = pytest.mark.gpu
 cuda = pytest.importorskip("zkl.ops.cuda")  # the Triton kernels

@@ -19,7 +19,7 @@ from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.sampling import SamplingParams
 from zkl.models import build_model
 from zkl.run.compose import compose
-from zkl.scoring import score
+from zkl.trainer.scoring import score
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():

@@ -13,7 +13,7 @@ from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.sampling import SamplingParams
 from zkl.layouts.refit import load_refit
 from zkl.models import build_model
-from zkl.scoring import score
+from zkl.trainer.scoring import score
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"

@@ -13,6 +13,7 @@ from conftest import make_cfg, small_model
 
 from zkl import invariance
 from zkl.generation.config import graph_setting
+from zkl.generation.decode import Sampler, decode_one_token
 from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.graphs import (
     BucketedDecode,
@@ -21,6 +22,7 @@ from zkl.generation.graphs import (
     graph_unsupported_reason,
     padded_rows,
 )
+from zkl.generation.prefill import Admitted, prefill
 from zkl.generation.sampling import SamplingParams
 from zkl.models import build_model
 from zkl.precision import apply_precision, quantizes
@@ -80,7 +82,7 @@ def test_padding_rows_leave_real_rows_bitwise_unchanged(moe):
         plain = GenerationEngine(model, max_batch_size=6, eos_id=1, cuda_graphs="off")
         expected = plain.generate(requests)
         padded = GenerationEngine(model, max_batch_size=6, eos_id=1, cuda_graphs="off")
-        padded.decoder = BucketedDecode(padded._decode_step, 6, capture=False)
+        padded.decoder = BucketedDecode(6, capture=False)
         got = padded.generate(requests)
         again = padded.generate(list(reversed(requests)))  # the static buffers, reused
     assert padded.decoder.padding_rows > 0  # buckets 1, 2, 4, 6 padded some steps
@@ -97,9 +99,10 @@ def test_one_padded_step_changes_no_real_row_and_no_padding_state():
     engine = GenerationEngine(model, max_batch_size=4, eos_id=None, cuda_graphs="off")
     requests = [Request(i, list(range(2, 9 + 3 * i)), SamplingParams(seed=i)) for i in range(4)]
     with invariance.enabled(ALL), torch.no_grad():
-        engine._filters = (False, False)
-        cache, state = engine._new_buffers(40, 8)
-        engine._prefill(cache, state, list(enumerate(requests)))
+        sampler = Sampler(top_k=False, top_p=False, eos_id=None)
+        cache, state = engine.new_buffers(40, 8)
+        admitted = [Admitted(slot, r.prompt, r.params) for slot, r in enumerate(requests)]
+        prefill(model, cache, state, admitted, sampler, None, 0, 0)
         state.done[1:3] = True  # slots 1 and 2 are free: the padding
         snapshots = []
         for rows in ([3, 0], [3, 0, 1, 2]):
@@ -107,7 +110,7 @@ def test_one_padded_step_changes_no_real_row_and_no_padding_state():
             c.k, c.v, c.max_len = cache.k.clone(), cache.v.clone(), cache.max_len
             s = type(state).__new__(type(state))
             s.__dict__ = {k: v.clone() for k, v in state.__dict__.items()}
-            engine._decode_rows(c, s, torch.tensor(rows))
+            decode_one_token(model, c, s, torch.tensor(rows), sampler)
             snapshots.append((c, s))
     (c1, s1), (c2, s2) = snapshots
     for slot in (3, 0):

@@ -10,7 +10,7 @@ from zkl import invariance
 from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.sampling import SamplingParams
 from zkl.models import ModelConfig, build_model
-from zkl.scoring import score
+from zkl.trainer.scoring import score
 
 MODEL = build_model(ModelConfig(), torch.bfloat16, seed=11)
 

@@ -12,7 +12,7 @@ from zkl.generation.sampling import SamplingParams
 from zkl.models import build_model
 from zkl.models.mamba2 import chunk_scan
 from zkl.rl.loop import run
-from zkl.scoring import score
+from zkl.trainer.scoring import score
 
 ALL = invariance.FIXES
 NO_MAMBA_FIX = frozenset(ALL) - {"mamba_chunked_decode"}

@@ -179,7 +179,7 @@ def test_megatron_engine_zero_on_cpu():
     from zkl.generation.engine import GenerationEngine, Request
     from zkl.generation.sampling import SamplingParams
     from zkl.megatron.model import build_megatron_model
-    from zkl.scoring import score
+    from zkl.trainer.scoring import score
 
     cfg = model_cfg("tiny_moe")
     g = torch.Generator().manual_seed(1)

@@ -11,7 +11,7 @@ from conftest import SMALL, make_cfg
 from zkl import invariance
 from zkl.models import build_model
 from zkl.rl.loop import run
-from zkl.scoring import sequence_logprobs
+from zkl.trainer.scoring import sequence_logprobs
 
 pytestmark = pytest.mark.gpu
 pytest.importorskip("megatron.core")

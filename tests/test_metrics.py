@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from zkl.metrics import mismatch_metrics
+from zkl.rl.metrics import mismatch_metrics
 
 
 def test_exact_match_gives_perfect_values():

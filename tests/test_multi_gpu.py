@@ -17,8 +17,8 @@ from test_faults import finish, generation_child, start, wait_for_step
 from zkl.experiments.transport_peak import peak_gb_per_s
 from zkl.layouts.dedicated import DedicatedGenerator
 from zkl.rl.loop import run
-from zkl.rl.policy import Policy
 from zkl.tracking.run_log import read_metrics
+from zkl.trainer.policy import Policy
 
 pytestmark = [
     pytest.mark.gpu,

@@ -17,8 +17,8 @@ from zkl.models import build_model
 from zkl.precision.fp8_tensor import fake_quantize_fp8_tensor
 from zkl.precision.mx import fake_quantize_mxfp8
 from zkl.rl.loop import make_requests, run
-from zkl.rl.policy import Policy
 from zkl.rl.task import build_task
+from zkl.trainer.policy import Policy
 
 MXFP8 = ("+precision=mxfp8", "rl.steps=3", *SMALL)
 FAKE_QUANT = {"mxfp8": fake_quantize_mxfp8, "fp8_tensor": fake_quantize_fp8_tensor}

@@ -10,10 +10,11 @@ import torch
 from conftest import SMALL, make_cfg
 
 from zkl.invariance import FIXES
-from zkl.rl.grpo import clipped_pg_loss, group_advantages
+from zkl.rl.grpo import group_advantages
 from zkl.rl.loop import TIMING_PREFIXES, run
 from zkl.tracking.run_log import read_metrics
 from zkl.tracking.wandb_reader import read_history, read_run_info
+from zkl.trainer.loss import clipped_pg_loss
 
 
 def _zero(row) -> bool:
@@ -114,7 +115,7 @@ def test_token_dump_recomputes_the_metrics(tmp_path):
         make_cfg("zero_train_gen_mismatch=false", "rl.steps=2", "tracking.dump_tokens=all", *SMALL),
         tmp_path,
     )
-    from zkl.metrics import mismatch_metrics
+    from zkl.rl.metrics import mismatch_metrics
 
     records = [json.loads(line) for line in (tmp_path / "tokens.jsonl").read_text().splitlines()]
     assert len(records) == 2 * 16
@@ -145,7 +146,7 @@ def test_wandb_offline_run_has_every_step(tmp_path):
 
 
 def test_a_crash_keeps_the_logged_steps(tmp_path, monkeypatch):
-    from zkl.rl import policy
+    from zkl.trainer import policy
 
     real_update = policy.Policy.update
 

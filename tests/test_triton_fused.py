@@ -115,7 +115,7 @@ def test_decode_attention_packs_the_group_and_keeps_each_rows_bits():
 def test_commit_samples_is_the_torch_bookkeeping():
     """One launch against the torch form: live, done and finishing rows, an EOS, a count at
     the output width (clamped column), rows in any slot order."""
-    from zkl.generation.engine import SlotState
+    from zkl.generation.slots import SlotState
     from zkl.ops.triton import commit
 
     def state():

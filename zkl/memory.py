@@ -22,7 +22,7 @@ from zkl.errors import ConfigError
 from zkl.invariance import resolve
 from zkl.models.config import ModelConfig
 
-LOGIT_TOKENS = 8192  # tokens whose logits exist at once on the train path (zkl.scoring)
+LOGIT_TOKENS = 8192  # tokens whose logits exist at once on the train path (trainer/scoring)
 
 GB = 1e9
 PROCESS_BYTES = 0.6 * GB  # an idle Python process with torch imported
@@ -198,7 +198,7 @@ def estimate(cfg: Any, positions: int) -> dict[str, float]:
         "weights and optimizer state": float(p * per_param),
         **({} if _own_gpu(cfg) else _engine_parts(cfg, positions)),
         "rotary tables": float(m.max_position_embeddings * m.head_dim * 24 * (1 + dedicated)),
-        # the train path makes the logits LOGIT_TOKENS at a time (zkl.scoring)
+        # the train path makes the logits LOGIT_TOKENS at a time (trainer/scoring)
         "scoring logits": float(min(scored * positions, LOGIT_TOKENS) * m.vocab_size * score_bytes),
         "update activations": float(
             minibatch * positions * m.num_hidden_layers * layer_token

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from zkl.device import resolve_device
 from zkl.distributed.checks import sharded
 from zkl.loopback import free_port
 
@@ -93,8 +94,6 @@ def current() -> World:
 def backend(cfg: Any) -> str:
     if cfg.trainer.backend != "auto":
         return cfg.trainer.backend
-    from zkl.device import resolve_device
-
     return "nccl" if resolve_device(str(cfg.device)).type == "cuda" else "gloo"
 
 

@@ -68,7 +68,7 @@ def shard_model(
     for block in getattr(model, "layers", []):
         fully_shard(block, **kw)
     fully_shard(model, **kw)
-    if hasattr(model, "hidden_states"):  # scoring's entry point (zkl/scoring.py), not forward
+    if hasattr(model, "hidden_states"):  # the train path's entry point (trainer/scoring.py)
         register_fsdp_forward_method(model, "hidden_states")
     for module in model.modules():
         if isinstance(module, FSDPModule):

@@ -15,16 +15,23 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from zkl import distributed
+from zkl.checkpoint import preempt_signal
 from zkl.distributed.checks import sharded
+from zkl.distributed.watchdog import Watchdog
 from zkl.errors import ConfigError, RunFault
 from zkl.loopback import free_port
+from zkl.tracking.run_log import read_metrics
+
+RunFn = Callable[[Any, str, bool | None], Any]  # zkl.rl.loop.run(cfg, run_dir, progress)
 
 ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 SPAWNED_KEY = "ZKL_SPAWNED_RANK"  # set in the ranks `spawn` starts
@@ -55,7 +62,7 @@ def owns_run_dir() -> bool:
 def join(cfg: Any) -> distributed.World:
     """This process's rank of the run (World() for a single-process run)."""
     if _slurm_tasks() > 1 and "WORLD_SIZE" not in os.environ:
-        from submitit.helpers import TorchDistributedEnvironment
+        from submitit.helpers import TorchDistributedEnvironment  # optional: Slurm runs only
 
         TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
     launched = int(os.environ.get("WORLD_SIZE") or 1)
@@ -66,8 +73,6 @@ def join(cfg: Any) -> distributed.World:
         )
     world = distributed.init(cfg)
     if world.size > 1:
-        from zkl.distributed.watchdog import Watchdog
-
         world.watchdog = Watchdog(world, cfg.trainer.heartbeat_s)
         world.watchdog.start()
     return world
@@ -79,19 +84,17 @@ def leave(world: distributed.World, finished: bool) -> None:
     watchdog = getattr(world, "watchdog", None)
     if watchdog is not None:
         if finished:
-            import torch.distributed as dist
-
             dist.barrier()
         watchdog.stop()
     distributed.shutdown()
 
 
-def _rank_main(cfg: Any, run_dir: str, progress: bool | None, env: dict[str, str]) -> None:
+def _rank_main(
+    run: RunFn, cfg: Any, run_dir: str, progress: bool | None, env: dict[str, str]
+) -> None:
     """One spawned rank: `run` with the launcher's environment; its failure is one line."""
     os.environ.update(env)
     prefix = f"zkl: rank {env['RANK']} of {env['WORLD_SIZE']}"
-    from zkl.rl.loop import run
-
     try:
         run(cfg, run_dir, progress)
     except ConfigError as err:
@@ -104,16 +107,15 @@ def _rank_main(cfg: Any, run_dir: str, progress: bool | None, env: dict[str, str
         sys.exit(130)
 
 
-def spawn(cfg: Any, run_dir: str | Path, progress: bool | None) -> list[dict[str, Any]]:
-    """Run `trainer.world_size` ranks on this machine; return rank 0's metric rows.
+def spawn(run: RunFn, cfg: Any, run_dir: str | Path, progress: bool | None) -> list[dict[str, Any]]:
+    """Run `run(cfg, run_dir, progress)` in `trainer.world_size` ranks on this machine (the
+    loop passes itself: a module-level function, so each spawned process imports it by
+    name); return rank 0's metric rows.
 
     SIGTERM and the preemption signal are passed on to every rank (they stop together at a
     step boundary and save). When a rank fails, the others report it and stop by themselves
     (their heartbeat); any still running after `trainer.heartbeat_s` + 10 s are killed.
     """
-    from zkl.checkpoint import preempt_signal
-    from zkl.tracking.run_log import read_metrics
-
     size = cfg.trainer.world_size
     common = {
         SPAWNED_KEY: "1",
@@ -125,7 +127,7 @@ def spawn(cfg: Any, run_dir: str | Path, progress: bool | None) -> list[dict[str
     procs = []
     for rank in range(size):
         env = {**common, "RANK": str(rank), "LOCAL_RANK": str(rank)}
-        procs.append(ctx.Process(target=_rank_main, args=(cfg, str(run_dir), progress, env)))
+        procs.append(ctx.Process(target=_rank_main, args=(run, cfg, str(run_dir), progress, env)))
     forwarded: dict[int, Any] = {}
 
     def forward(signum: int, frame: Any) -> None:

@@ -38,11 +38,11 @@ from zkl.layouts.refit import refit_payload
 from zkl.layouts.transport import BROADCAST
 from zkl.precision import DTYPES
 from zkl.rl.loop import make_requests, validate_run
-from zkl.rl.policy import Policy
 from zkl.rl.task import build_task
 from zkl.run.compose import to_object
 from zkl.run.schema import CONF_DIR, ZklConfig
-from zkl.scoring import score
+from zkl.trainer.policy import Policy
+from zkl.trainer.scoring import score
 
 REPEATS = 5
 

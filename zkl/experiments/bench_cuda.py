@@ -34,9 +34,11 @@ from zkl.experiments.workload import (
     TRAIN_SEQS,
     bench_requests,
 )
+from zkl.generation.decode import Sampler, decode_one_token
 from zkl.generation.engine import GenerationEngine
+from zkl.generation.prefill import Admitted, prefill
 from zkl.precision import weight_cache
-from zkl.scoring import sequence_logprobs
+from zkl.trainer.scoring import sequence_logprobs
 
 BATCHES = (1, 16, 64, 256)
 
@@ -177,14 +179,15 @@ def profile_decode_step(model: torch.nn.Module, batch: int, fixes: frozenset[str
     requests = bench_requests(batch, model.cfg.vocab_size)
     engine = GenerationEngine(model, max_batch_size=batch, eos_id=None, cuda_graphs="off")
     with invariance.enabled(fixes), torch.no_grad(), weight_cache(engine.quant_cache):
-        engine._filters = (False, False)
-        cache, state = engine._new_buffers(PROMPT_LEN + 8, 8)
-        engine._prefill(cache, state, list(enumerate(requests)))
+        sampler = Sampler(top_k=False, top_p=False, eos_id=None)
+        cache, state = engine.new_buffers(PROMPT_LEN + 8, 8)
+        admitted = [Admitted(slot, r.prompt, r.params) for slot, r in enumerate(requests)]
+        prefill(model, cache, state, admitted, sampler, None, 0, 0)
         rows = torch.arange(batch, device=device)
         for _ in range(3):  # compile and warm up
-            engine._decode(cache, state, rows)
+            decode_one_token(model, cache, state, rows, sampler)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            engine._decode(cache, state, rows)
+            decode_one_token(model, cache, state, rows, sampler)
             torch.cuda.synchronize()
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)

@@ -15,13 +15,13 @@ from zkl import invariance
 from zkl.errors import ConfigError
 from zkl.generation.engine import Request
 from zkl.layouts import build_generator
-from zkl.metrics import mismatch_metrics
 from zkl.rl import loop
-from zkl.rl.policy import Policy
+from zkl.rl.metrics import mismatch_metrics
 from zkl.rl.task import build_task
 from zkl.run.schema import ZklConfig
 from zkl.run.validate import validate
-from zkl.scoring import score
+from zkl.trainer.policy import Policy
+from zkl.trainer.scoring import score
 
 # (max_batch_size, prefill_chunk, arrival order, scoring micro-batch)
 SCHEDULES = [

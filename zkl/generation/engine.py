@@ -1,30 +1,30 @@
-"""The generation engine: prefill, decode with a KV cache, continuous batching.
+"""The generation engine: continuous batching over prefill and a decode step.
 
 A request joins as soon as a slot frees and leaves at EOS or its token limit, so the batch
-composition changes from one step to the next. Decode state (next token, position, counts,
-outputs, sampling parameters) lives on the model's device, one row per slot, and a decode
-step runs without Python per row and without reading anything back: the host looks at which
-rows finished only every `sync_every` steps (a finished row idles until then, recomputing
-its last token, which changes no other row). The engine reports, for every sampled token,
-the raw logprob of `logits / temperature` (the `logprob_path` fix) or, with that fix off,
-what a fast engine reports: the logprob of the processed logits in the model dtype.
+composition changes from one step to the next. The math lives elsewhere: `prefill.prefill`
+fills the new rows' cache and samples their first token, `decode.decode_one_token` is one
+token for every running row. This module is the scheduler: which request holds which slot,
+the buffers, and the host's look at finished rows, which happens only every `sync_every`
+decode steps (a finished row idles until then, recomputing its last token, which changes no
+other row). Any model implementing `decode.GenerationModel` (native, hybrid, megatron) runs.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
-from zkl import ops
+from zkl.generation.decode import GenerationModel, Sampler, decode_one_token
 from zkl.generation.graphs import BucketedDecode, graphs_on
 from zkl.generation.kv_cache import KVCache
-from zkl.generation.mamba_cache import HybridCache
-from zkl.generation.prefix_cache import BLOCK, PrefixCache
-from zkl.generation.sampling import SamplingParams, gumbel_max, processed_logits
+from zkl.generation.prefill import Admitted, prefill
+from zkl.generation.prefix_cache import PrefixCache
+from zkl.generation.sampling import SamplingParams
+from zkl.generation.slots import SlotState
 from zkl.invariance import FIXES, is_enabled
 from zkl.precision import quantizes, weight_cache
 
@@ -60,47 +60,17 @@ class EngineStats:
     joined_running: int = 0  # requests admitted while others were mid-decode
 
 
-class SlotState:
-    """Per-slot decode state on the device: row s belongs to whichever request holds slot s."""
-
-    def __init__(self, num_slots: int, max_new: int, device: torch.device):
-        def zeros(*shape, dtype=torch.int64):
-            return torch.zeros(shape, dtype=dtype, device=device)
-
-        self.token = zeros(num_slots)  # the next input token (the last sampled one)
-        self.pos = zeros(num_slots)  # its position
-        self.count = zeros(num_slots)  # tokens generated so far
-        self.done = torch.ones(num_slots, dtype=torch.bool, device=device)
-        self.seed = zeros(num_slots)
-        self.max_new = zeros(num_slots)
-        self.top_k = zeros(num_slots)
-        self.temperature = zeros(num_slots, dtype=torch.float32)
-        self.top_p = zeros(num_slots, dtype=torch.float32)
-        self.out_tokens = zeros(num_slots, max_new)
-        self.out_logprobs = zeros(num_slots, max_new, dtype=torch.float32)
-
-    def admit(self, slots: torch.Tensor, requests: list[Request], last_pos: list[int]) -> None:
-        """Reset the rows of `slots` for new requests whose last prompt token is at `last_pos`."""
-        device = slots.device
-
-        def put(field: torch.Tensor, values: list) -> None:
-            field[slots] = torch.tensor(values, dtype=field.dtype).to(device, non_blocking=True)
-
-        params = [r.params for r in requests]
-        put(self.pos, last_pos)
-        put(self.count, [0] * len(requests))
-        put(self.done, [False] * len(requests))
-        put(self.seed, [p.seed for p in params])
-        put(self.max_new, [p.max_new_tokens for p in params])
-        put(self.top_k, [p.top_k for p in params])
-        put(self.temperature, [p.temperature for p in params])
-        put(self.top_p, [p.top_p for p in params])
-
-
 class GenerationEngine:
+    """Continuous batching of `max_batch_size` slots over one model.
+
+    Kept across calls: the weight version, the prefix cache (persist mode), quantized weight
+    copies, and with CUDA graphs the static buffers the graphs read. `stats` are the last
+    `generate` call's counters.
+    """
+
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: GenerationModel,
         *,
         max_batch_size: int,
         eos_id: int | None,
@@ -121,18 +91,13 @@ class GenerationEngine:
         self.quant_cache: dict[int, torch.Tensor] = {}  # quantized weights, filled lazily
         self.stats = EngineStats()
         self.decoder = self._graph_decoder(cuda_graphs)
-        self._static: tuple | None = None  # (cache, state) the graphs read, kept across calls
+        self._static: tuple[KVCache, SlotState] | None = None  # what the graphs read
 
     def _graph_decoder(self, setting: str) -> BucketedDecode | None:
         """`engine.cuda_graphs`: auto = on where the model's decode can be captured."""
         if not graphs_on(setting, self.model.cfg, self.device, quantizes(self.model)):
             return None
-        return BucketedDecode(self._decode_step, self.max_batch_size, capture=True)
-
-    @property
-    def hybrid(self) -> bool:
-        """The model has Mamba layers, whose state lives beside the KV cache."""
-        return getattr(self.model, "num_mamba_layers", 0) > 0
+        return BucketedDecode(self.max_batch_size, capture=True)
 
     @property
     def device(self) -> torch.device:
@@ -156,17 +121,14 @@ class GenerationEngine:
             self.max_batch_size = max_batch_size
             self._static = None
             if self.decoder is not None:
-                self.decoder = BucketedDecode(
-                    self._decode_step, max_batch_size, capture=self.decoder.capture
-                )
+                self.decoder = BucketedDecode(max_batch_size, capture=self.decoder.capture)
         if prefill_chunk is not None:
             self.prefill_chunk = prefill_chunk
 
     @torch.no_grad()
     def generate(self, requests: list[Request]) -> list[Completion]:
         """Run every request to EOS or its limit; completions come back in request order."""
-        self.stats = EngineStats()
-        device = self.device
+        stats = self.stats = EngineStats()
         max_new = max(r.params.max_new_tokens for r in requests)
         max_len = max(len(r.prompt) for r in requests) + max_new
         rope = getattr(self.model, "rope", None)  # the fused RoPE reads its tables unchecked
@@ -176,63 +138,72 @@ class GenerationEngine:
                 f"model.max_position_embeddings={rope.cos.shape[0]}; raise it or shorten "
                 "the prompts or sampling.max_new_tokens."
             )
+        sampler = Sampler(
+            top_k=any(r.params.top_k > 0 for r in requests),
+            top_p=any(r.params.top_p < 1 for r in requests),
+            eos_id=self.eos_id,
+        )
         if self.decoder is None:
-            cache, state = self._new_buffers(max_len, max_new)
+            cache, state = self.new_buffers(max_len, max_new)
         else:
             cache, state = self._static_buffers(max_len, max_new)
-        self._filters = (
-            any(r.params.top_k > 0 for r in requests),
-            any(r.params.top_p < 1 for r in requests),
-        )
         waiting = deque(requests)
         free = list(range(self.max_batch_size - 1, -1, -1))
         running: dict[int, Request] = {}
         done: dict[int, Completion] = {}
         with weight_cache(self.quant_cache):
             if self.decoder is not None:  # every slot is free here, as a capture needs
-                self._cache, self._state = cache, state
-                self.decoder.prepare(self._graph_key(), device)
+                step = partial(decode_one_token, self.model, cache, state, sampler=sampler)
+                self.decoder.prepare(step, self._graph_key(sampler), self.device)
             while waiting or running:
                 admitted: list[tuple[int, Request]] = []
                 while waiting and free:
                     admitted.append((free.pop(), waiting.popleft()))
                 if admitted:
-                    self.stats.joined_running += len(admitted) if running else 0
-                    self._prefill(cache, state, admitted)
+                    stats.joined_running += len(admitted) if running else 0
+                    self._prefill(cache, state, admitted, sampler, stats)
                     running.update(admitted)
-                    self._retire(state, running, free, done)
+                    self._retire(state, running, free, done, stats)
                 if running:
                     t0 = time.perf_counter()
-                    if self.decoder is None:
-                        rows = torch.tensor(list(running), device=device)
-                        for _ in range(self.sync_every):
-                            self._decode(cache, state, rows)
-                    else:
-                        size = self.decoder.load(list(running), free)
-                        for _ in range(self.sync_every):
-                            self.decoder.run(size)
-                            self.stats.decode_steps += 1
-                    self._retire(state, running, free, done)  # reads the device: a sync
-                    self.stats.decode_s += time.perf_counter() - t0
+                    self._decode(cache, state, running, free, sampler, stats)
+                    self._retire(state, running, free, done, stats)  # reads the device: a sync
+                    stats.decode_s += time.perf_counter() - t0
         return [done[r.request_id] for r in requests]
 
-    def _new_buffers(self, max_len: int, max_new: int) -> tuple[KVCache, SlotState]:
-        """A KV cache (and Mamba state) and slot state sized for one generate call."""
-        cfg, device = self.model.cfg, self.device
-        dtype = self.model.embed_tokens.weight.dtype
-        if self.hybrid:
-            cache = HybridCache(self.model, self.max_batch_size, max_len, dtype, device)
+    def _prefill(self, cache, state, admitted, sampler: Sampler, stats: EngineStats) -> None:
+        rows = [Admitted(slot, r.prompt, r.params) for slot, r in admitted]
+        counts = prefill(
+            self.model,
+            cache,
+            state,
+            rows,
+            sampler,
+            self.prefix_cache,
+            self.weight_version,
+            self.prefill_chunk,
+        )
+        stats.prefill_tokens += counts.tokens
+        stats.prefix_hit_tokens += counts.prefix_hit_tokens
+        stats.ragged_prefills += counts.ragged
+
+    def _decode(self, cache, state, running: dict, free: list[int], sampler, stats) -> None:
+        """`sync_every` decode steps of the running slots, eager or replayed from a graph."""
+        if self.decoder is None:
+            rows = torch.tensor(list(running), device=self.device)
+            for _ in range(self.sync_every):
+                decode_one_token(self.model, cache, state, rows, sampler)
+                stats.decode_steps += 1
         else:
-            cache = KVCache(
-                cfg.num_hidden_layers,
-                self.max_batch_size,
-                cfg.num_key_value_heads,
-                max_len,
-                cfg.head_dim,
-                dtype,
-                device,
-            )
-        return cache, SlotState(self.max_batch_size, max_new, device)
+            size = self.decoder.load(list(running), free)
+            for _ in range(self.sync_every):
+                self.decoder.run(size)
+                stats.decode_steps += 1
+
+    def new_buffers(self, max_len: int, max_new: int) -> tuple[KVCache, SlotState]:
+        """The model's decode cache and the slot state, sized for one generate call."""
+        cache = self.model.make_cache(self.max_batch_size, max_len)
+        return cache, SlotState(self.max_batch_size, max_new, self.device)
 
     def _static_buffers(self, max_len: int, max_new: int) -> tuple[KVCache, SlotState]:
         """The buffers the graphs read: kept while they are big enough, else grown (recapture).
@@ -247,10 +218,10 @@ class GenerationEngine:
         self._static = None  # free the old buffers before allocating bigger ones
         self.decoder.drop()  # its graphs read the old buffers
         step = CAPACITY_STEP
-        self._static = self._new_buffers(-(-max_len // step) * step, -(-max_new // step) * step)
+        self._static = self.new_buffers(-(-max_len // step) * step, -(-max_new // step) * step)
         return self._static
 
-    def _graph_key(self) -> tuple:
+    def _graph_key(self, sampler: Sampler) -> tuple:
         """What a captured graph bakes in besides the buffers: if it changed, recapture.
 
         A refit copies weights in place, so the parameter addresses stay; new buffers or
@@ -259,9 +230,9 @@ class GenerationEngine:
         """
         params = tuple(p.data_ptr() for p in self.model.parameters())
         fixes = tuple(name for name in FIXES if is_enabled(name))
-        return (self.max_batch_size, self._filters, fixes, params)
+        return (self.max_batch_size, sampler, fixes, params)
 
-    def _retire(self, state: SlotState, running: dict, free: list[int], done: dict) -> None:
+    def _retire(self, state: SlotState, running: dict, free: list[int], done: dict, stats):
         """The host's look at the device state: move finished requests out of their slots."""
         slots = list(running)
         finished = [s for s, d in zip(slots, state.done[slots].tolist()) if d]
@@ -283,151 +254,4 @@ class GenerationEngine:
                 reason,
                 self.weight_version,
             )
-            self.stats.generated_tokens += counts[i]
-
-    def _prefill(self, cache: KVCache, state: SlotState, admitted: list[tuple[int, Request]]):
-        """Prompt KV of the admitted requests (prefix-cache hits copied in), first token each."""
-        if self.hybrid:
-            return self._prefill_hybrid(cache, state, admitted)
-        device = self.device
-        starts = []
-        for slot, request in admitted:
-            start = 0
-            if self.prefix_cache is not None:
-                blocks = self.prefix_cache.match(request.prompt, self.weight_version)
-                if blocks:
-                    k = torch.cat([b.k for b in blocks], dim=2)  # [L, Hkv, n, D]
-                    v = torch.cat([b.v for b in blocks], dim=2)
-                    for layer in range(k.shape[0]):
-                        cache.write(layer, slot, k[layer], v[layer])
-                    start = k.shape[2]
-            starts.append(start)
-            self.stats.prefix_hit_tokens += start
-        lengths = [len(r.prompt) - s for (_, r), s in zip(admitted, starts)]
-        width = max(lengths)
-        chunk = self.prefill_chunk or width
-        tokens = torch.zeros(len(admitted), width, dtype=torch.long)
-        for i, ((_, r), s) in enumerate(zip(admitted, starts)):
-            tokens[i, : lengths[i]] = torch.tensor(r.prompt[s:])
-        tokens = tokens.to(device)
-        slots = torch.tensor([slot for slot, _ in admitted], device=device)
-        last = [n - 1 for n in lengths]  # index of each row's last prompt token
-        final_logits = None
-        for lo in range(0, width, chunk):
-            hi = min(lo + chunk, width)
-            positions = (torch.tensor(starts).unsqueeze(1) + torch.arange(lo, hi)).to(device)
-            index = torch.tensor([min(max(n - lo, 0), hi - lo - 1) for n in last], device=device)
-            logits = self.model(tokens[:, lo:hi], positions, cache, slots, logit_index=index)
-            if final_logits is None:
-                final_logits = torch.empty_like(logits)
-            ending = [i for i, n in enumerate(last) if lo <= n < hi]
-            if ending:
-                ending_t = torch.tensor(ending, device=device)
-                final_logits[ending_t] = logits[ending_t]
-        self.stats.prefill_tokens += sum(lengths)
-        self.stats.ragged_prefills += int(len(set(lengths)) > 1)
-        requests = [r for _, r in admitted]
-        state.admit(slots, requests, [len(r.prompt) - 1 for r in requests])
-        self._sample(state, slots, final_logits)
-        if self.prefix_cache is not None:
-            for slot, request in admitted:
-                n = len(request.prompt)
-                self.prefix_cache.insert(
-                    request.prompt,
-                    self.weight_version,
-                    cache.k[:, slot, :, :n],
-                    cache.v[:, slot, :, :n],
-                )
-
-    def _prefill_hybrid(self, cache: HybridCache, state: SlotState, admitted):
-        """Hybrid models prefill one request at a time: a Mamba state must never see padding.
-
-        A prefix hit resumes only at an entry that carries the Mamba state, i.e. at a
-        multiple of both the prefix block and the Mamba chunk, so the chunk scan resumes
-        at a chunk boundary with an empty partial chunk. In persist mode the prefill stops
-        at the last such multiple inside the prompt to keep the state there.
-        """
-        device = self.device
-        span = math.lcm(BLOCK, self.model.cfg.chunk_size)
-        final_logits = []
-        for slot, request in admitted:
-            prompt = request.prompt
-            cache.clear_slot(slot)
-            start, cut = 0, 0
-            if self.prefix_cache is not None:
-                blocks = self.prefix_cache.match(prompt, self.weight_version)
-                while blocks and blocks[-1].mamba is None:
-                    blocks.pop()
-                if blocks:
-                    k = torch.cat([b.k for b in blocks], dim=2)  # [L, Hkv, n, D]
-                    v = torch.cat([b.v for b in blocks], dim=2)
-                    for layer in range(k.shape[0]):
-                        cache.write(layer, slot, k[layer], v[layer])
-                    cache.restore(slot, blocks[-1].mamba)
-                    start = len(blocks) * BLOCK
-                cut = (len(prompt) - 1) // span * span
-            self.stats.prefix_hit_tokens += start
-            step = self.prefill_chunk or len(prompt)
-            bounds = set(range(start, len(prompt), step)) | {len(prompt)}
-            bounds = sorted(bounds | ({cut} if cut > start else set()))
-            slots = torch.tensor([slot], device=device)
-            snapshot = None
-            for lo, hi in zip(bounds, bounds[1:]):
-                tokens = torch.tensor([prompt[lo:hi]], device=device)
-                positions = torch.arange(lo, hi, device=device).unsqueeze(0)
-                index = torch.tensor([hi - lo - 1], device=device)
-                logits = self.model(tokens, positions, cache, slots, logit_index=index)
-                if hi == cut:
-                    snapshot = cache.mamba_state(slot)
-            final_logits.append(logits)
-            self.stats.prefill_tokens += len(prompt) - start
-            if self.prefix_cache is not None:
-                n = len(prompt)
-                version = self.weight_version
-                self.prefix_cache.insert(
-                    prompt, version, cache.k[:, slot, :, :n], cache.v[:, slot, :, :n]
-                )
-                if snapshot is not None:
-                    self.prefix_cache.attach_state(prompt[:cut], version, snapshot)
-        slots = torch.tensor([slot for slot, _ in admitted], device=device)
-        requests = [r for _, r in admitted]
-        state.admit(slots, requests, [len(r.prompt) - 1 for r in requests])
-        self._sample(state, slots, torch.cat(final_logits))
-
-    def _decode(self, cache: KVCache, state: SlotState, rows: torch.Tensor) -> None:
-        """One token for every running slot `rows` [B], all in one batch, all on the device."""
-        self._decode_rows(cache, state, rows)
-        self.stats.decode_steps += 1
-
-    def _decode_step(self, rows: torch.Tensor) -> None:
-        """The captured step: one token for the slot rows [B] of the static cache and state."""
-        self._decode_rows(self._cache, self._state, rows)
-
-    def _decode_rows(self, cache: KVCache, state: SlotState, rows: torch.Tensor) -> None:
-        tokens = state.token[rows].unsqueeze(1)
-        positions = state.pos[rows].unsqueeze(1)
-        logits = self.model(tokens, positions, cache, rows)[:, 0]
-        self._sample(state, rows, logits)
-
-    def _sample(self, state: SlotState, rows: torch.Tensor, logits: torch.Tensor) -> None:
-        """logits [B, V] -> next token and its logprob for the slots `rows`; finished rows idle."""
-        top_k_any, top_p_any = self._filters
-        count = state.count[rows]
-        temps = state.temperature[rows]
-        raw_logprobs = is_enabled("logprob_path")
-        if raw_logprobs and not (top_k_any or top_p_any):  # the sampler divides, in one pass
-            next_tokens = gumbel_max(logits, state.seed[rows], count, temperature=temps)
-        else:
-            scores = processed_logits(
-                logits,
-                temps,
-                state.top_k[rows] if top_k_any else None,
-                state.top_p[rows] if top_p_any else None,
-            )
-            next_tokens = gumbel_max(scores, state.seed[rows], count)
-        if raw_logprobs:
-            logprobs = ops.token_logprobs(logits, next_tokens, temps.unsqueeze(-1))
-        else:  # what a fast engine reports: processed logits, log-softmax in the model dtype
-            logp = torch.log_softmax(scores.to(logits.dtype), dim=-1)
-            logprobs = logp.gather(-1, next_tokens.unsqueeze(-1)).squeeze(-1).float()
-        ops.commit_samples(state, rows, next_tokens, logprobs, self.eos_id)
+            stats.generated_tokens += counts[i]

@@ -104,13 +104,14 @@ def graphs_on(setting: object, model: Any, device: torch.device, quantized: bool
 class BucketedDecode:
     """Decode steps padded to batch-size buckets, captured as CUDA graphs when `capture`.
 
-    `step(rows)` is the engine's device-only decode step over the slot rows [B]. Without
+    The step is the engine's device-only decode step over the slot rows [B] of the static
+    cache and state (`decode.decode_one_token` bound to them), given to `prepare`. Without
     capture (the CPU tests) the same padding runs eagerly, so the padding logic is tested
     where there is no GPU.
     """
 
-    def __init__(self, step: Callable[[torch.Tensor], None], max_batch_size: int, capture: bool):
-        self.step = step
+    def __init__(self, max_batch_size: int, capture: bool):
+        self.step: Callable[[torch.Tensor], None] | None = None
         self.buckets = buckets_for(max_batch_size)
         self.capture = capture
         self.key: Hashable | None = None  # what the captured graphs baked in
@@ -119,12 +120,16 @@ class BucketedDecode:
         self.captures = 0  # how many times the graphs were (re)captured
         self.padding_rows = 0  # padding rows run so far (a test checks padding happened)
 
-    def prepare(self, key: Hashable, device: torch.device) -> None:
-        """Capture every bucket unless the graphs were captured under the same `key`.
+    def prepare(
+        self, step: Callable[[torch.Tensor], None], key: Hashable, device: torch.device
+    ) -> None:
+        """Capture `step` for every bucket unless the graphs were captured under the same
+        `key` (then the step they baked in reads the same buffers: replay them).
 
         Call only while every slot is free (marked done): the warm-up runs real steps on
         slots 0..size-1, which must not advance any request.
         """
+        self.step = step
         if key == self.key and (self.graphs or not self.capture):
             return
         self.graphs.clear()

@@ -1,4 +1,9 @@
-"""KV cache: one buffer pair per layer, one row ("slot") per running request."""
+"""KV cache: one buffer pair per layer, one row ("slot") per running request.
+
+Besides the buffers, a cache says how prefill may treat its rows (zkl/generation/prefill.py):
+whether rows of different lengths may share a padded batch, and how a prefix-cache hit is
+put back into a row.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ from zkl.ops.fast import write_kv
 
 
 class KVCache:
+    pads_rows = True  # rows of different lengths may prefill in one right-padded batch
+
     def __init__(
         self,
         num_layers: int,
@@ -52,3 +59,20 @@ class KVCache:
         n = k.shape[1]
         self.k[layer, slot, :, :n] = k
         self.v[layer, slot, :, :n] = v
+
+    def resumable(self, blocks: list) -> list:
+        """The prefix-cache blocks (`prefix_cache.Entry`) a row can resume after: all."""
+        return blocks
+
+    def load_prefix(self, slot: int, blocks: list) -> int:
+        """Put the blocks' K/V at positions 0.. of `slot`; how many tokens they hold."""
+        k = torch.cat([b.k for b in blocks], dim=2)  # [L, Hkv, n, D]
+        v = torch.cat([b.v for b in blocks], dim=2)
+        for layer in range(k.shape[0]):
+            self.write(layer, slot, k[layer], v[layer])
+        return k.shape[2]
+
+    def state_boundary(self, prompt_len: int) -> int:
+        """Where a row's prefill stops to hand its recurrent state to the prefix cache: K/V
+        alone need no stop (0)."""
+        return 0

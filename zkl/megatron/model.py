@@ -24,6 +24,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from zkl import ops
+from zkl.generation.kv_cache import KVCache
 from zkl.invariance import is_enabled
 from zkl.loopback import loopback_only
 from zkl.megatron.mapping import gpt_model_kwargs, to_megatron, transformer_config_kwargs
@@ -88,6 +89,19 @@ class MegatronLM(torch.nn.Module):
             return ops.linear(x, weight, None)
         logits, _ = output_layer(x, weight=output_weight, runtime_gather_output=True)
         return logits
+
+    def make_cache(self, num_slots: int, max_len: int) -> KVCache:
+        """The gen path's cache, as `Transformer.make_cache`: K/V of every layer."""
+        cfg, weight = self.cfg, self.embed_tokens.weight
+        return KVCache(
+            cfg.num_hidden_layers,
+            num_slots,
+            cfg.num_key_value_heads,
+            max_len,
+            cfg.head_dim,
+            weight.dtype,
+            weight.device,
+        )
 
     def forward(
         self,

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from zkl import ops
+from zkl.generation.mamba_cache import HybridCache
 from zkl.invariance import is_enabled
 from zkl.models.config import ModelConfig
 from zkl.models.mamba2 import Mamba2Mixer, sigmoid
@@ -155,6 +156,11 @@ class NemotronH(nn.Module):
         if logit_index is not None:
             x = x[torch.arange(x.shape[0], device=x.device), logit_index]
         return self.norm(x)
+
+    def make_cache(self, num_slots: int, max_len: int) -> HybridCache:
+        """The gen path's cache: K/V of the attention layers, state of the Mamba layers."""
+        weight = self.embed_tokens.weight
+        return HybridCache(self, num_slots, max_len, weight.dtype, weight.device)
 
 
 def init_hybrid_weights(model: NemotronH, seed: int) -> None:

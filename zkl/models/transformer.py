@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from zkl import ops, rng
+from zkl.generation.kv_cache import KVCache
 from zkl.invariance import is_enabled
 from zkl.models.config import ModelConfig
 from zkl.models.fused import init_order
@@ -272,6 +273,20 @@ class Transformer(nn.Module):
             picked = (torch.arange(x.shape[0], device=x.device), logit_index)
             x, delta = x[picked], None if delta is None else delta[picked]
         return self.norm.add_forward(x, delta)[1]
+
+    def make_cache(self, num_slots: int, max_len: int) -> KVCache:
+        """The gen path's cache of `num_slots` rows of `max_len` positions: K/V of every
+        layer, in the model's dtype, on its device."""
+        cfg, weight = self.cfg, self.embed_tokens.weight
+        return KVCache(
+            cfg.num_hidden_layers,
+            num_slots,
+            cfg.num_key_value_heads,
+            max_len,
+            cfg.head_dim,
+            weight.dtype,
+            weight.device,
+        )
 
 
 INIT_CHUNK = 1 << 24  # elements drawn at a time

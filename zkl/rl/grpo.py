@@ -1,4 +1,4 @@
-"""GRPO pieces: group-normalised advantages and the clipped policy-gradient loss."""
+"""GRPO advantages: each sample's reward against its group's (the loss: zkl/trainer/loss.py)."""
 
 from __future__ import annotations
 
@@ -11,36 +11,3 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) 
     mean = grouped.mean(-1, keepdim=True)
     std = grouped.std(-1, keepdim=True) if group_size > 1 else torch.zeros_like(mean)
     return ((grouped - mean) / (std + eps)).view(-1)
-
-
-def clipped_pg_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_eps: float,
-    ref_logprobs: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-    num_tokens: int | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Token-mean clipped surrogate (as NeMo-RL's ClippedPGLossFn), all tensors [B, T].
-
-    The importance ratio is against `old_logprobs`, the train-path logprobs of the rollout;
-    `advantages` [B] broadcast over each sequence's tokens. Optional k3 KL penalty against
-    `ref_logprobs`. `num_tokens`: the mean's denominator when these rows are one rank's
-    share of a minibatch (the minibatch's token count; the ranks' losses then sum to it).
-    """
-    ratio = torch.exp(logprobs - old_logprobs)
-    adv = advantages.unsqueeze(-1)
-    surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
-    per_token = -surrogate
-    if ref_logprobs is not None and kl_coef > 0:
-        log_ratio = ref_logprobs - logprobs
-        per_token = per_token + kl_coef * (torch.exp(log_ratio) - log_ratio - 1)
-    num_tokens = mask.sum().clamp(min=1) if num_tokens is None else max(num_tokens, 1)
-    loss = (per_token * mask).sum() / num_tokens
-    clipped = ((ratio - 1).abs() > clip_eps) & mask
-    return loss, {
-        "loss/clip_frac": (clipped.sum() / num_tokens).item(),
-        "loss/ratio_mean": ((ratio * mask).sum() / num_tokens).item(),
-    }

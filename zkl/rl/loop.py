@@ -17,24 +17,24 @@ from tqdm import tqdm
 
 from zkl import checkpoint, environment, invariance, run_lock
 from zkl.data.rewards import RewardError
+from zkl.distributed import checkpoint as sharded_checkpoint
 from zkl.distributed import launch
 from zkl.errors import NonFinite, RunFault
 from zkl.generation.engine import Completion, EngineStats, Request
 from zkl.generation.sampling import SamplingParams
 from zkl.layouts import build_generator
-from zkl.metrics import mismatch_metrics
 from zkl.resume import prepare as prepare_resume
 from zkl.rl.evaluate import val_due, validate_policy
 from zkl.rl.grpo import group_advantages
-from zkl.rl.policy import Policy, UpdateBatch, weight_digests
+from zkl.rl.metrics import mismatch_metrics
 from zkl.rl.task import build_task
 from zkl.run.schema import ZklConfig
 from zkl.run.validate import validate
-from zkl.scoring import score
 from zkl.tracking.run_log import NullLog, RunLog, read_metrics
+from zkl.trainer.policy import Policy
+from zkl.trainer.update import UpdateBatch
 
 TIMING_PREFIXES = ("timing/", "perf/")
-__all__ = ["run", "train_step", "weight_digests"]
 
 
 @dataclass
@@ -106,7 +106,7 @@ def run(cfg: ZklConfig, run_dir: str | Path, progress: bool | None = None) -> li
     with run_lock.held(run_dir):
         if launch.must_spawn(cfg):  # trainer.world_size ranks started here, each running `run`
             prepare_resume(cfg, run_dir)  # its refusals, before any rank starts
-            return launch.spawn(cfg, run_dir, progress)
+            return launch.spawn(run, cfg, run_dir, progress)
         return _join_and_run(cfg, task, run_dir, progress)
 
 
@@ -126,9 +126,7 @@ def _join_and_run(cfg: ZklConfig, task, run_dir, progress: bool | None) -> list[
 
 
 def _run(cfg: ZklConfig, task, run_dir, progress: bool | None, world) -> list[dict[str, Any]]:
-    from zkl.distributed.checkpoint import prepare
-
-    resume = prepare(cfg, run_dir, world)
+    resume = sharded_checkpoint.prepare(cfg, run_dir, world)
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     fixes = invariance.resolve(cfg.zero_train_gen_mismatch, vars(cfg.fixes))
@@ -174,7 +172,12 @@ def validate_step(cfg: ZklConfig, task, generator, step: int) -> dict[str, Any]:
 def train_step(
     cfg: ZklConfig, task, policy: Policy, generator, step: int, log: RunLog, extra=None
 ) -> dict:
-    """rollout -> score -> metrics -> update -> refit, logged (with `extra`) before returning."""
+    """rollout -> score -> metrics -> update -> refit, logged (with `extra`) before returning.
+
+    Each part is asked once: the generator for completions, the trainer (`policy`) for the
+    train path's logprobs, then for an update (its statistics include how many refit tensors
+    changed), then for its refit state, which the generator receives.
+    """
     world = policy.world  # above one rank: each generates and scores its share, then gathers
     problems, requests = make_requests(cfg, task, step)
     t0 = time.perf_counter()
@@ -186,10 +189,7 @@ def train_step(
     prompts = [c.prompt for c in completions]
     responses = [c.tokens for c in completions]
     temps = [r.params.temperature for r in requests]
-    shares = (world.share(prompts), world.share(responses), world.share(temps))
-    lp_train = world.gather(
-        score(policy.model, *shares, cfg.rl.score_micro_batch, device=policy.device)
-    )
+    lp_train = policy.score(prompts, responses, temps)
     t2 = time.perf_counter()
     lp_gen = torch.cat([c.logprobs for c in completions])
     lp_train_flat = torch.cat(lp_train)
@@ -207,9 +207,7 @@ def train_step(
     reward_t = torch.tensor(rewards)
     advantages = group_advantages(reward_t, group)
     batch = UpdateBatch(prompts, responses, lp_train, advantages, temps)
-    digests = policy.weight_digests()
     row.update(policy.update(batch))
-    changed = policy.changed_tensors(digests)
     t3 = time.perf_counter()
     generator.refit(policy.refit_state(), policy.version)
     t4 = time.perf_counter()
@@ -227,8 +225,6 @@ def train_step(
             "gen/joined_running": stats.joined_running,
             "gen/weight_version": min(c.weight_version for c in completions),
             "rl/zero_adv_frac": (advantages == 0).float().mean().item(),
-            "weights/version": policy.version,
-            "weights/changed_tensors": changed,
             "timing/gen_s": t1 - t0,
             "timing/score_s": t2 - t1,
             "timing/update_s": t3 - t2,

@@ -23,6 +23,7 @@ import importlib
 import random
 from dataclasses import dataclass
 
+from zkl.data.dataset import DatasetTask
 from zkl.errors import ConfigError
 from zkl.rl.task_config import TASKS
 
@@ -221,8 +222,6 @@ def build_task(task_cfg, vocab_size: int):
     if task_cfg._target_:
         return task_class(task_cfg._target_)(task_cfg, vocab_size)
     if task_cfg.name == "dataset":
-        from zkl.data.dataset import DatasetTask
-
         return DatasetTask(task_cfg, vocab_size)
     if task_cfg.name == "add":
         return AddTask(task_cfg.max_operand)

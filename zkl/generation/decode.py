@@ -1,0 +1,95 @@
+"""The decode step: one token for every running row, as one function of device tensors.
+
+`decode_one_token` is the whole step (forward one token per row -> sample -> logprob ->
+commit); the engine calls it eagerly or captures it in a CUDA graph (zkl/generation/graphs.py),
+so it reads only the model, the cache, the slot state and the rows it is given. The engine
+reports, for every sampled token, the raw logprob of `logits / temperature` (the
+`logprob_path` fix) or, with that fix off, what a fast engine reports: the logprob of the
+processed logits in the model dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from zkl import ops
+from zkl.generation.kv_cache import KVCache
+from zkl.generation.sampling import gumbel_max, processed_logits
+from zkl.generation.slots import SlotState
+from zkl.invariance import is_enabled
+
+
+class GenerationModel(Protocol):
+    """What the engine needs of a model (native, hybrid or megatron alike): the decode cache
+    of its own layers, and a forward that writes K/V (and any recurrent state) of its tokens
+    to that cache's rows `slots` before attending over them."""
+
+    embed_tokens: torch.nn.Embedding  # its weight gives the model's device and dtype
+
+    def make_cache(self, num_slots: int, max_len: int) -> KVCache: ...
+
+    def __call__(
+        self,
+        tokens: torch.Tensor,  # [B, T]
+        positions: torch.Tensor,  # [B, T] absolute
+        cache: KVCache | None = None,
+        slots: torch.Tensor | None = None,  # [B]
+        logit_index: torch.Tensor | None = None,  # [B]: logits of that position only
+    ) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """How one generate call samples. Whether any row filters by top-k / top-p is known from
+    the requests, so sampling reads no device value to find out."""
+
+    top_k: bool
+    top_p: bool
+    eos_id: int | None
+
+    def __call__(
+        self, state: SlotState, rows: torch.Tensor, logits: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits [B, V] of the slot rows [B] -> (next token [B], its logprob [B] fp32)."""
+        count, temps = state.count[rows], state.temperature[rows]
+        raw_logprobs = is_enabled("logprob_path")
+        if raw_logprobs and not (self.top_k or self.top_p):  # the sampler divides, in one pass
+            next_tokens = gumbel_max(logits, state.seed[rows], count, temperature=temps)
+        else:
+            scores = processed_logits(
+                logits,
+                temps,
+                state.top_k[rows] if self.top_k else None,
+                state.top_p[rows] if self.top_p else None,
+            )
+            next_tokens = gumbel_max(scores, state.seed[rows], count)
+        if raw_logprobs:
+            logprobs = ops.token_logprobs(logits, next_tokens, temps.unsqueeze(-1))
+        else:  # what a fast engine reports: processed logits, log-softmax in the model dtype
+            logp = torch.log_softmax(scores.to(logits.dtype), dim=-1)
+            logprobs = logp.gather(-1, next_tokens.unsqueeze(-1)).squeeze(-1).float()
+        return next_tokens, logprobs
+
+    def take(self, state: SlotState, rows: torch.Tensor, logits: torch.Tensor) -> None:
+        """Sample the rows' next tokens from logits [B, V] and commit them to the state
+        (output, count, next input, done at EOS or the limit); finished rows idle."""
+        next_tokens, logprobs = self(state, rows, logits)
+        ops.commit_samples(state, rows, next_tokens, logprobs, self.eos_id)
+
+
+def decode_one_token(
+    model: GenerationModel,
+    cache: KVCache,
+    state: SlotState,
+    rows: torch.Tensor,
+    sampler: Sampler,
+) -> None:
+    """One token for every slot row [B], all in one batch, all on the device."""
+    tokens = state.token[rows].unsqueeze(1)  # [B, 1]
+    positions = state.pos[rows].unsqueeze(1)  # [B, 1]
+    logits = model(tokens, positions, cache, rows)[:, 0]  # [B, V]
+    next_tokens, logprobs = sampler(state, rows, logits)
+    ops.commit_samples(state, rows, next_tokens, logprobs, sampler.eos_id)

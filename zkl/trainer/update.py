@@ -1,0 +1,57 @@
+"""The GRPO update's data: the rollout it learns from, cut into minibatches on the device,
+and the statistics of its optimizer steps as the loop logs them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from zkl.trainer.scoring import pad_sequences
+
+
+@dataclass
+class UpdateBatch:
+    prompts: list[list[int]]
+    responses: list[list[int]]
+    old_logprobs: list[torch.Tensor]  # train-path logprobs of each response
+    advantages: torch.Tensor  # [N]
+    temperatures: list[float]
+
+
+def minibatch_edges(count: int, num_minibatches: int) -> list[tuple[int, int]]:
+    """[lo, hi) of each of `num_minibatches` near-equal contiguous minibatches of `count`."""
+    edges = torch.linspace(0, count, num_minibatches + 1).long().tolist()
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def minibatch(batch: UpdateBatch, lo: int, hi: int, device: torch.device):
+    """(tokens, mask, old logprobs, temperatures, advantages) of sequences lo..hi, on `device`;
+    tokens, mask and old logprobs [B, T], the rest [B]."""
+    tokens, mask = pad_sequences(batch.prompts[lo:hi], batch.responses[lo:hi])
+    mask = mask[:, :-1]
+    old = torch.zeros(mask.shape)
+    for i, lp in enumerate(batch.old_logprobs[lo:hi]):
+        old[i][mask[i]] = lp.cpu()
+    tokens, mask, old = tokens.to(device), mask.to(device), old.to(device)
+    temps = torch.tensor(batch.temperatures[lo:hi], device=device)
+    return tokens, mask, old, temps, batch.advantages[lo:hi].to(device)
+
+
+def update_stats(
+    losses: list[list[float]], grad_norms: list[float], update_sq: float
+) -> dict[str, float]:
+    """The logged statistics of one update from each minibatch's [pg loss, clip fraction,
+    ratio mean] (summed over the ranks), its gradient norm and the squared weight change.
+
+    `optim/update_norm` is the L2 norm of the change of the weights the forward uses and the
+    generator receives (bf16 ones under a bf16 recipe): zero when an update moved the fp32
+    masters by less than the weights' precision.
+    """
+    return {
+        "loss/clip_frac": losses[-1][1],
+        "loss/ratio_mean": losses[-1][2],
+        "loss/pg_loss": sum(r[0] for r in losses) / len(losses),
+        "optim/grad_norm": sum(grad_norms) / len(grad_norms),
+        "optim/update_norm": update_sq**0.5,
+    }

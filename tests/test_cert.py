@@ -128,7 +128,7 @@ def _failed_because(results: list[dict], reason: str) -> dict:
 
 
 def test_all_equal_rewards_fail(tmp_path, monkeypatch):
-    from zkl.rl.task import AddTask
+    from zkl.data.tasks import AddTask
 
     monkeypatch.setattr(AddTask, "reward", lambda self, problem, response: 1.0)
     row = _failed_because(

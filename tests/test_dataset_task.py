@@ -15,9 +15,9 @@ from conftest import QUIET, make_cfg
 from test_hostile_input import assert_refused_before_work, run_entry
 
 from zkl.data.rewards import exact_match, math_answer
+from zkl.data.tasks import build_task
 from zkl.errors import ConfigError
 from zkl.rl.loop import run
-from zkl.rl.task import build_task
 from zkl.run.validate import validate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -399,7 +399,7 @@ def test_the_user_sweep_runs_on_a_checkpoint_and_data(ckpt, tmp_path):
 
 
 def test_add_accuracy_counts_the_number_a_response_starts_with():
-    from zkl.rl.task import AddTask, Problem
+    from zkl.data.tasks import AddTask, Problem
 
     task = AddTask(4)
     enc, eos = task.tokenizer.encode, task.tokenizer.eos_id

@@ -24,10 +24,10 @@ from test_faults import finish, start, wait_for_step
 from test_resume import without_timing
 from test_rl import _without_timing as rows_without_timing
 
-from zkl.checkpoint_file import CHECKPOINT_FILE
-from zkl.distributed.checkpoint import SHARDS_DIR
 from zkl.errors import ConfigError
 from zkl.rl.loop import run
+from zkl.state.checkpoint_file import CHECKPOINT_FILE
+from zkl.state.sharded import SHARDS_DIR
 from zkl.tracking.run_log import TOKENS_FILE, read_metrics
 
 warnings.filterwarnings("ignore", message=".*returned a view tensor.*")

@@ -71,8 +71,8 @@ def test_a_run_with_the_sig_spelling_runs(tmp_path):
 
 
 def test_the_disk_check_names_small_sizes_in_small_units(tmp_path, monkeypatch):
-    from zkl import resume
     from zkl.rl.loop import run
+    from zkl.state import resume
 
     monkeypatch.setattr(resume.shutil, "disk_usage", lambda path: type("U", (), {"free": 5})())
     with pytest.raises(ConfigError) as err:

@@ -14,9 +14,9 @@ import pytest
 import torch
 from conftest import make_cfg
 
-from zkl.checkpoint_file import CHECKPOINT_FILE
 from zkl.errors import ConfigError
 from zkl.rl.loop import TIMING_PREFIXES, run
+from zkl.state.checkpoint_file import CHECKPOINT_FILE
 from zkl.tracking.errors import ERROR_FILE
 from zkl.tracking.wandb_reader import read_run_info
 
@@ -140,7 +140,7 @@ def test_checkpoint_save_false_writes_none_and_cannot_resume(tmp_path):
 
 
 def test_checkpoints_that_would_fill_the_disk_are_refused_before_any_work(tmp_path, monkeypatch):
-    from zkl import resume
+    from zkl.state import resume
 
     need = resume.checkpoint_bytes(make_cfg(*TINY))
     free = type("Usage", (), {"free": need + 1})()

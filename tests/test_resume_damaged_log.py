@@ -13,9 +13,9 @@ import pytest
 from conftest import make_cfg
 from test_resume import TINY, assert_same_run
 
-from zkl import resume_logs
 from zkl.errors import ConfigError, RunFault
 from zkl.rl.loop import run
+from zkl.state import resume_logs
 from zkl.tracking.run_log import METRICS_FILE, TOKENS_FILE, RunLog
 
 

@@ -48,7 +48,7 @@ def test_importing_the_schema_registers_nothing_in_hydra():
         "from hydra.core.config_store import ConfigStore\n"
         "from omegaconf import OmegaConf\n"
         "import zkl.run.schema, zkl.run.validate, zkl.run.compose, zkl.tracking.errors\n"
-        "import zkl.cli, zkl.help, zkl.overrides\n"
+        "import zkl.cli, zkl.help, zkl.run.overrides\n"
         "names = ConfigStore.instance().list('')\n"
         "assert 'zkl_schema.yaml' not in names, names\n"
         "assert not OmegaConf.has_resolver('zkl_gpus')\n"

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from zkl import run_lock
-from zkl.checkpoint_file import CHECKPOINT_FILE
 from zkl.errors import ConfigError
+from zkl.state import run_lock
+from zkl.state.checkpoint_file import CHECKPOINT_FILE
 
 REPO = Path(__file__).resolve().parent.parent
 ARGS = ["tracking.wandb.mode=disabled", "tracking.progress=false"]

@@ -15,11 +15,12 @@ import pytest
 from conftest import make_cfg
 from omegaconf import OmegaConf
 
-from zkl import checkpoint, invariance
+from zkl import environment, invariance
 from zkl.errors import RunFault
-from zkl.requeue import submission_note
 from zkl.run.keys import schema_keys
 from zkl.run.schema import ZklConfig
+from zkl.state import checkpoint
+from zkl.state.requeue import submission_note
 
 REPO = Path(__file__).resolve().parent.parent
 RUNNER = Path(__file__).resolve().parent / "entry_runner.py"
@@ -249,7 +250,7 @@ def test_requeue_cap_is_a_run_fault_not_a_failed_step(tmp_path, capsys):
     def submitit_handler(signum, frame):
         raise UncompletedJobError("Job not requeued because: timed-out too many times.")
 
-    sig = checkpoint.preempt_signal()
+    sig = environment.preempt_signal()
     previous = signal.signal(sig, submitit_handler)
     cfg = make_cfg("rl.steps=5", "checkpoint.save=false")
     log = _Log()

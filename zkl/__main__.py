@@ -7,11 +7,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from zkl import run_lock
 from zkl.cli import guarded, hydra_entry
 from zkl.rl.loop import run
 from zkl.run.compose import to_object
 from zkl.run.schema import CONF_DIR
+from zkl.state import run_lock
 from zkl.tracking.errors import clear_error, record_error
 
 

@@ -22,11 +22,11 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import OmegaConf, open_dict, read_write
 
-from zkl import overrides
 from zkl.errors import ConfigError, RunFault
 from zkl.help import help_text
-from zkl.requeue import submission_note
+from zkl.run import overrides
 from zkl.run.compose import register
+from zkl.state.requeue import submission_note
 
 MIN_FREE_BYTES = 1 << 20  # a run directory on a disk with less free space is refused
 
@@ -59,7 +59,7 @@ def _first_line(err: BaseException) -> str:
 def hydra_entry(prog: str, hydra_main: Callable[[], None]) -> None:
     """Run a `@hydra.main` function with Hydra's own errors as one sentence each.
 
-    The command line is checked first (`zkl.overrides.preflight`: unknown keys and group
+    The command line is checked first (`zkl.run.overrides.preflight`: unknown keys and group
     options, with the nearest valid one), `--help` prints zkl's help (`zkl.help`), and an
     error Hydra still raises (a bad config dir, a failed multirun job) ends in one line.
     """

@@ -24,9 +24,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from zkl import distributed
-from zkl.checkpoint import preempt_signal
 from zkl.distributed.checks import sharded
 from zkl.distributed.watchdog import Watchdog
+from zkl.environment import preempt_signal
 from zkl.errors import ConfigError, RunFault
 from zkl.loopback import free_port
 from zkl.tracking.run_log import read_metrics
@@ -51,7 +51,7 @@ def must_spawn(cfg: Any) -> bool:
 
 
 def owns_run_dir() -> bool:
-    """Whether this process takes the run directory's lock (zkl/run_lock.py): a process no
+    """Whether this process takes the run directory's lock (zkl/state/run_lock.py): a process no
     launcher started, or rank 0 of torchrun's or Slurm's ranks; a rank `spawn` started runs
     under its spawner's lock."""
     if os.environ.get(SPAWNED_KEY) == "1":

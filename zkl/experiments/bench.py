@@ -28,6 +28,7 @@ from omegaconf import DictConfig
 
 from zkl import invariance
 from zkl.cli import guarded, hydra_entry
+from zkl.data.tasks import build_task
 from zkl.experiments import bench_rl
 from zkl.experiments.timing import format_table
 from zkl.experiments.transport_peak import peak_gb_per_s
@@ -38,7 +39,6 @@ from zkl.layouts.refit import refit_payload
 from zkl.layouts.transport import BROADCAST
 from zkl.precision import DTYPES
 from zkl.rl.loop import make_requests, validate_run
-from zkl.rl.task import build_task
 from zkl.run.compose import to_object
 from zkl.run.schema import CONF_DIR, ZklConfig
 from zkl.trainer.policy import Policy

@@ -26,12 +26,12 @@ from typing import Any
 import torch
 
 from zkl import invariance, memory
+from zkl.data.tasks import ResidueTask, build_task
 from zkl.experiments.roofline import copy_bandwidth, decode_bytes
 from zkl.experiments.workload import MODES
 from zkl.generation.engine import GenerationEngine
 from zkl.layouts import build_generator
 from zkl.rl.loop import make_requests, train_step, validate_run
-from zkl.rl.task import ResidueTask, build_task
 from zkl.trainer.policy import Policy
 
 SCORE_TOKENS = 65536  # tokens a scoring forward

@@ -37,7 +37,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from zkl import invariance, run_lock
+from zkl import invariance
 from zkl.cli import guarded, hydra_entry
 from zkl.device import resolve_device
 from zkl.errors import NonFinite
@@ -46,6 +46,7 @@ from zkl.experiments.beds import Run, bed_dir, plan
 from zkl.experiments.certify import certify
 from zkl.run.compose import to_object
 from zkl.run.schema import CONF_DIR, ZklConfig
+from zkl.state import run_lock
 
 RESULTS_FILE, TABLE_FILE = "cert.jsonl", "cert.txt"
 

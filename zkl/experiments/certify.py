@@ -12,12 +12,12 @@ from typing import Any
 import torch
 
 from zkl import invariance
+from zkl.data.tasks import build_task
 from zkl.errors import ConfigError
 from zkl.generation.engine import Request
 from zkl.layouts import build_generator
 from zkl.rl import loop
 from zkl.rl.metrics import mismatch_metrics
-from zkl.rl.task import build_task
 from zkl.run.schema import ZklConfig
 from zkl.run.validate import validate
 from zkl.trainer.policy import Policy

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from zkl.backends import build_backend_model
 from zkl.device import generator_device
 from zkl.generation.engine import GenerationEngine
-from zkl.models import build_model
 from zkl.precision import DTYPES
 
 
@@ -35,7 +35,7 @@ def build_engine(cfg, model: torch.nn.Module, eos_id: int | None) -> GenerationE
 def build_generation_model(cfg) -> torch.nn.Module:
     """The generator's own copy of the architecture (weights arrive with the first refit),
     on the generator's device (`layout.generator_device` with `layout.backend=nccl`)."""
-    return build_model(
+    return build_backend_model(
         cfg.model,
         DTYPES[cfg.precision.compute_dtype],
         cfg.precision.linear_quant,

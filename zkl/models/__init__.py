@@ -26,21 +26,12 @@ def build_model(
     linear_quant: str = "none",
     seed: int = 0,
     device: torch.device | str = "cpu",
-    engine: str = "native",
 ) -> torch.nn.Module:
     """The model on `device` in its compute dtype: seeded random init, or `cfg.checkpoint`.
-
-    A megatron `engine` builds a megatron-core GPTModel from the same weights
-    (`zkl.megatron.model`, imported only then: megatron-core needs Python >= 3.12).
 
     Parameters are created, initialised or loaded on the device itself (no CPU copy of the
     weights on the way).
     """
-    if engine != "native":
-        # megatron-core is optional (Python >= 3.12): imported only for a megatron engine
-        from zkl.megatron.model import build_megatron_model
-
-        return build_megatron_model(cfg, engine, compute_dtype, seed, device)
     with torch.device(device):
         model = model_class(cfg)(cfg)
     if cfg.checkpoint:

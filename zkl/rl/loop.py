@@ -15,21 +15,22 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from zkl import checkpoint, environment, invariance, run_lock
+from zkl import environment, invariance
 from zkl.data.rewards import RewardError
-from zkl.distributed import checkpoint as sharded_checkpoint
+from zkl.data.tasks import build_task
 from zkl.distributed import launch
 from zkl.errors import NonFinite, RunFault
 from zkl.generation.engine import Completion, EngineStats, Request
 from zkl.generation.sampling import SamplingParams
 from zkl.layouts import build_generator
-from zkl.resume import prepare as prepare_resume
 from zkl.rl.evaluate import val_due, validate_policy
 from zkl.rl.grpo import group_advantages
 from zkl.rl.metrics import mismatch_metrics
-from zkl.rl.task import build_task
 from zkl.run.schema import ZklConfig
 from zkl.run.validate import validate
+from zkl.state import checkpoint, run_lock
+from zkl.state import sharded as sharded_checkpoint
+from zkl.state.resume import prepare as prepare_resume
 from zkl.tracking.run_log import NullLog, RunLog, read_metrics
 from zkl.trainer.policy import Policy
 from zkl.trainer.update import UpdateBatch
@@ -93,9 +94,9 @@ def validate_run(cfg: ZklConfig, task) -> None:
 def run(cfg: ZklConfig, run_dir: str | Path, progress: bool | None = None) -> list[dict[str, Any]]:
     """Run `cfg.rl.steps` GRPO steps; return the metric rows (also in run_dir/metrics.jsonl).
 
-    A resumed run (zkl/resume.py) starts at its checkpoint's step; the rows returned
+    A resumed run (zkl/state/resume.py) starts at its checkpoint's step; the rows returned
     include the earlier steps' rows, read back from metrics.jsonl. Once the config is
-    checked, the run holds the run directory's lock (zkl/run_lock.py) before it reads or
+    checked, the run holds the run directory's lock (zkl/state/run_lock.py) before it reads or
     writes anything there.
     """
     task = build_task(cfg.task, cfg.model.vocab_size)

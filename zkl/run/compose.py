@@ -18,9 +18,9 @@ from omegaconf import DictConfig, OmegaConf
 from zkl.distributed.config import node_gpus, tasks_per_node
 from zkl.errors import ConfigError
 from zkl.layouts.config import layout_gpus
-from zkl.overrides import normalize
 from zkl.run.keys import reject_unknown_keys
 from zkl.run.model_from_checkpoint import hydra_overrides, resolve_checkpoint
+from zkl.run.overrides import normalize
 from zkl.run.schema import CONF_DIR, ZklConfig
 
 SCHEMA_NAME = "zkl_schema"  # conf/config.yaml's first default

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zkl.checkpoint_config import CheckpointConfig
+from zkl.data.config import TaskConfig
 from zkl.distributed.config import TrainerConfig
 from zkl.experiments.config import BenchConfig, CertConfig
 from zkl.generation.config import EngineConfig, KVConfig, SamplingConfig
@@ -18,7 +18,7 @@ from zkl.layouts.config import LayoutConfig
 from zkl.models.config import ModelConfig
 from zkl.precision.config import PrecisionConfig
 from zkl.rl.config import RLConfig
-from zkl.rl.task_config import TaskConfig
+from zkl.state.config import CheckpointConfig
 from zkl.tracking.config import TrackingConfig
 
 CONF_DIR = Path(__file__).resolve().parent.parent.parent / "conf"  # the group options (YAML)
@@ -40,7 +40,7 @@ class ZklConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    resume: bool = False  # continue from run_dir/checkpoint.pt (zkl/checkpoint.py)
+    resume: bool = False  # continue from run_dir/checkpoint.pt (zkl/state/checkpoint.py)
     zero_train_gen_mismatch: bool = True
     seed: int = 0
     device: str = "cpu"  # cpu (the embedded default) | cuda | cuda:N | auto (CUDA when present)

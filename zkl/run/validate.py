@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from zkl import checkpoint_config
 from zkl.checkpoint_check import check_checkpoint
+from zkl.data import config as task_config
+from zkl.data.tasks import build_task
 from zkl.device import check_device, generator_device, resolve_device
 from zkl.distributed.checks import check_trainer
 from zkl.errors import ConfigError
@@ -25,10 +26,9 @@ from zkl.memory import check_memory
 from zkl.models.config import validate_model
 from zkl.precision import config as precision_config
 from zkl.rl import config as rl_config
-from zkl.rl import task_config
-from zkl.rl.task import build_task
 from zkl.run.schema import ZklConfig
 from zkl.run.values import check_values
+from zkl.state import config as checkpoint_config
 from zkl.tracking import config as tracking_config
 from zkl.tracking.wandb_run import online_problem
 

@@ -10,10 +10,10 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from zkl import distributed
+from zkl.backends import build_backend_model
 from zkl.checkpoint_check import warn_random_weights
 from zkl.device import resolve_device
 from zkl.distributed import fsdp
-from zkl.models import build_model
 from zkl.precision import DTYPES
 from zkl.trainer.loss import clipped_pg_loss
 from zkl.trainer.scoring import score, sequence_logprobs
@@ -37,7 +37,7 @@ class Policy:
         self.compute_dtype = DTYPES[cfg.precision.compute_dtype]
         self.device = resolve_device(cfg.device)
         warn_random_weights(cfg.model)
-        self.model = build_model(
+        self.model = build_backend_model(
             cfg.model,
             self.compute_dtype,
             cfg.precision.linear_quant,

@@ -23,9 +23,9 @@ import importlib
 import random
 from dataclasses import dataclass
 
+from zkl.data.config import TASKS
 from zkl.data.dataset import DatasetTask
 from zkl.errors import ConfigError
-from zkl.rl.task_config import TASKS
 
 PAD, EOS = "<pad>", "<eos>"
 CHARS = "0123456789+=?:. \nabcdefghijklmnopqrstuvwxyz"

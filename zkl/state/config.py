@@ -1,4 +1,4 @@
-"""The `checkpoint` part's config (a run's saved state, zkl/checkpoint.py) and its check."""
+"""The `checkpoint` part's config (a run's saved state, zkl/state/checkpoint.py) and its check."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Checkpoints written during a run, and the stop signals that wait for a step boundary.
 
-`save` writes the state a resumed run starts from (zkl/resume.py reads it back) in
+`save` writes the state a resumed run starts from (zkl/state/resume.py reads it back) in
 `run_dir/checkpoint.pt`, atomically; `restore` loads it into the policy.
 SIGTERM and submitit's preemption signal (USR2; Slurm sends it before the time limit) wait
 for the end of the current step: the step is logged, the state saved, then the signal's
@@ -20,27 +20,23 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from zkl import checkpoint_file, distributed, environment
-from zkl.checkpoint_file import CHECKPOINT_FILE
-from zkl.distributed import checkpoint as sharded_checkpoint
+from zkl import distributed, environment
 from zkl.errors import RunFault
-from zkl.requeue import cap_reached
-from zkl.resume import Resume, config_dict
+from zkl.state import checkpoint_file
+from zkl.state import sharded as sharded_checkpoint
+from zkl.state.checkpoint_file import CHECKPOINT_FILE
+from zkl.state.requeue import cap_reached
+from zkl.state.resume import Resume, config_dict
 
 if TYPE_CHECKING:  # the schema composes the parts; a part names it only in annotations
     from zkl.run.schema import ZklConfig
-
-
-def preempt_signal() -> signal.Signals:
-    """The signal submitit turns into checkpoint-and-requeue (`SUBMITIT_PREEMPT_SIGNAL`)."""
-    return environment.preempt_signal()
 
 
 def restore(resume: Resume, policy) -> None:
     """Load the saved policy and RNG states (nothing for a fresh run)."""
     if resume.state is None:
         return
-    if "shards" in resume.state:  # a sharded run's (zkl/distributed/checkpoint.py)
+    if "shards" in resume.state:  # a sharded run's (zkl/state/sharded.py)
         sharded_checkpoint.restore(resume, policy, resume.run_dir)
         return
     policy.load_state_dict(resume.state["policy"])
@@ -52,7 +48,7 @@ def restore(resume: Resume, policy) -> None:
 
 
 def save(run_dir: str | Path, cfg: ZklConfig, policy, next_step: int, log, requeue: bool) -> None:
-    """Write the state before `next_step` atomically, with its digest (zkl/checkpoint_file.py)."""
+    """Write the state before `next_step` atomically, with its digest (state/checkpoint_file.py)."""
     if policy.world.sharded:  # every rank writes its shards (a collective)
         return sharded_checkpoint.save(run_dir, cfg, policy, next_step, log, requeue)
     rng = {
@@ -82,7 +78,7 @@ class StopSignals:
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():  # handlers live there only
-            for sig in {signal.SIGTERM, preempt_signal()}:
+            for sig in {signal.SIGTERM, environment.preempt_signal()}:
                 self.previous[sig] = signal.signal(sig, self._note)
         return self
 
@@ -96,12 +92,16 @@ class StopSignals:
 
     @property
     def preempted(self) -> bool:
-        return preempt_signal() in self.received
+        return environment.preempt_signal() in self.received
 
     def act(self) -> None:
         """Hand the signal to its earlier handler (submitit's requeues), else exit."""
         # a rank of a sharded run may stop on another rank's signal
-        sig = preempt_signal() if self.preempted else (self.received or [signal.SIGTERM])[0]
+        sig = (
+            environment.preempt_signal()
+            if self.preempted
+            else (self.received or [signal.SIGTERM])[0]
+        )
         handler = self.previous.get(sig)
         self.__exit__()
         if callable(handler):

@@ -2,7 +2,7 @@
 
 `checkpoint.pt` stays the one file that says where a run stands (step, W&B id, config,
 every rank's RNG state, requeue flag), written by rank 0 after every rank's shards are on
-disk, with its own digest (zkl/checkpoint_file.py); its `shards` names the directory of that
+disk, with its own digest (zkl/state/checkpoint_file.py); its `shards` names the directory of that
 step's shards, `checkpoint_shards/step_N`, and `shard_digests` each rank's digest of its
 shards, checked after loading them, so damaged shard files never start a resume.
 A run killed while saving keeps the previous `checkpoint.pt` and the shards it names; older
@@ -21,15 +21,15 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.tensor import DTensor
 
-from zkl import checkpoint_file, resume
-from zkl.checkpoint_file import CHECKPOINT_FILE
 from zkl.errors import ConfigError
+from zkl.state import checkpoint_file, resume
+from zkl.state.checkpoint_file import CHECKPOINT_FILE
 
 SHARDS_DIR = "checkpoint_shards"
 
 
 def prepare(cfg: Any, run_dir: str | Path, world) -> resume.Resume:
-    """`zkl.resume.prepare` on rank 0 (it trims the logs), its outcome on every rank."""
+    """`zkl.state.resume.prepare` on rank 0 (it trims the logs), its outcome on every rank."""
     if world.size == 1:
         return resume.prepare(cfg, run_dir)
     outcome: Any = None
@@ -56,7 +56,7 @@ def _local(tree: Any) -> Any:
 
 
 def shard_digest(state: dict[str, Any]) -> str:
-    """sha256 of this rank's shards of `state` (zkl/checkpoint_file.py's digest)."""
+    """sha256 of this rank's shards of `state` (zkl/state/checkpoint_file.py's digest)."""
     return checkpoint_file.digest({"shards": _local(state)})
 
 

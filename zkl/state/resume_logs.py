@@ -10,8 +10,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from zkl.checkpoint_file import CHECKPOINT_FILE
 from zkl.errors import ConfigError
+from zkl.state.checkpoint_file import CHECKPOINT_FILE
 from zkl.tracking.run_log import METRICS_FILE, TOKENS_FILE
 
 

@@ -2,7 +2,7 @@
 
 Rollouts are a function of (seed, step, weights): requests are seeded from (seed, step, index).
 So the state is the policy (weights, fp32 masters, AdamW), the weight version, the RNG
-states, the next step and the W&B run id, in `run_dir/checkpoint.pt` (zkl/checkpoint.py
+states, the next step and the W&B run id, in `run_dir/checkpoint.pt` (zkl/state/checkpoint.py
 writes it). With `kv_invalidate_on_refit` and `quantized_weight_refresh` on, the engine
 keeps nothing across a refit that a later step can see, so it needs no saving; with either
 off it reuses state computed with older weights, which is not saved, and such a run refuses
@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import OmegaConf
 
-from zkl import checkpoint_file, environment, invariance
-from zkl.checkpoint_file import CHECKPOINT_FILE
+from zkl import environment, invariance
 from zkl.errors import ConfigError
 from zkl.memory import param_count
-from zkl.resume_logs import trim_logs
+from zkl.state import checkpoint_file
+from zkl.state.checkpoint_file import CHECKPOINT_FILE
+from zkl.state.resume_logs import trim_logs
 from zkl.tracking.run_log import METRICS_FILE, flatten
 
 if TYPE_CHECKING:  # the schema composes the parts; a part names it only in annotations

@@ -46,7 +46,7 @@ POLICY_FIELDS: dict[str, tuple[type, ...]] = {
     "optimizer": (dict,),
     "version": (int,),
 }
-# a sharded run's checkpoint.pt (zkl/distributed/checkpoint.py): the shards are files of
+# a sharded run's checkpoint.pt (zkl/state/sharded.py): the shards are files of
 # their own, each rank's digest of its shards is kept here and checked after loading them
 SHARDED_FIELDS: dict[str, tuple[type, ...]] = {
     "format": (int,),

@@ -7,7 +7,7 @@ draw from the same counter-based sampler, so they differ only where the kernels 
 differently. Prints, per step, the share of samples whose tokens are identical and the
 largest |logprob(CPU) - logprob(CUDA)| over tokens whose whole prefix is identical, and
 writes the same as JSON (`--out FILE`). Zero mismatch is a per-device guarantee
-(DESIGN.md section 3); this measures the cross-device difference, it does not require zero.
+(docs/design.md section 3); this measures the cross-device difference, it does not require zero.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Regenerate the README's map of the package from the tree (`--check`: exit 1 if stale).
 
-The map is each package of `zkl/` and each module directly in it, with the first sentence of
-its docstring, so the README cannot drift from the code: a moved module or a changed
-docstring shows up in the test that runs this with `--check`.
+The map is each module directly in `zkl/` and each of its packages, with the first sentence
+of its docstring (and a package's modules), so the README cannot drift from the code: a
+moved module or a changed docstring fails the test that runs this with `--check`.
 """
 
 from __future__ import annotations
@@ -24,17 +24,17 @@ def first_sentence(path: Path) -> str:
     return text if end < 0 else text[: end + 1]
 
 
-def entries(package: Path, depth: int = 0) -> list[str]:
-    """Lines of the map for `package`: its modules, then its subpackages, each indented."""
+def entries(package: Path) -> list[str]:
+    """One line per module directly in `package`, then one per subpackage with its modules."""
     lines = []
-    pad = "  " * depth
     for module in sorted(package.glob("*.py")):
-        if module.name == "__init__.py":
-            continue
-        lines.append(f"{pad}- `{module.name}` — {first_sentence(module)}")
+        if module.name != "__init__.py":
+            lines.append(f"- `{module.name}` — {first_sentence(module)}")
     for sub in sorted(p for p in package.iterdir() if (p / "__init__.py").exists()):
-        lines.append(f"{pad}- `{sub.name}/` — {first_sentence(sub / '__init__.py')}")
-        lines.extend(entries(sub, depth + 1))
+        names = sorted(m.stem for m in sub.glob("*.py") if m.name != "__init__.py")
+        names += sorted(f"{s.name}/" for s in sub.iterdir() if (s / "__init__.py").exists())
+        listed = ", ".join(f"`{n}`" for n in names)
+        lines.append(f"- `{sub.name}/` — {first_sentence(sub / '__init__.py')} ({listed})")
     return lines
 
 

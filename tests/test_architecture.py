@@ -7,11 +7,14 @@
 - A function-local import of a zkl module keeps an optional dependency lazy and says so
   (a comment with the word "optional" on its line or the line above).
 - No module over 400 lines but the Triton kernels.
+- README.md's map of the modules is generated from the tree.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -157,6 +160,13 @@ SIZED = {name: p for name, p in MODULES.items() if KERNELS not in p.parents}
 @pytest.mark.parametrize("name", sorted(SIZED))
 def test_modules_stay_small(name):
     assert len(SIZED[name].read_text().splitlines()) <= MAX_LINES
+
+
+def test_readme_map_is_generated_from_the_tree():
+    """README.md's module map is `scripts/readme_map.py`'s output for this tree."""
+    check = [sys.executable, str(ROOT / "scripts" / "readme_map.py"), "--check"]
+    result = subprocess.run(check, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
 
 
 def test_the_rules_see_what_they_check():

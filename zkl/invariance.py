@@ -1,4 +1,4 @@
-"""The named fixes (DESIGN.md section 4) and the one scoped switch that turns them on.
+"""The named fixes (docs/design.md section 4) and the one scoped switch that turns them on.
 
 Every mismatch source is a registry entry with a stable name, its cause and its remedy.
 Code that has a fast path and an invariant path asks `is_enabled(name)`; the trainer and

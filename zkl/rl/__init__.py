@@ -1,1 +1,2 @@
-"""The shared GRPO training loop and its parts (task, advantages, loss, policy update)."""
+"""The one GRPO loop every backend and layout runs, with its advantages, validation and the
+mismatch metrics that compare the generator's logprobs with the trainer's."""

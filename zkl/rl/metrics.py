@@ -1,4 +1,4 @@
-"""Train/generation mismatch metrics (DESIGN.md section 2), with NeMo-RL's names.
+"""Train/generation mismatch metrics (docs/design.md section 2), with NeMo-RL's names.
 
 Inputs are the per-token logprobs of the sampled response tokens: `lp_gen` from the
 generation engine, `lp_train` from the train path; `r = lp_train - lp_gen`. Every mean is

@@ -1,7 +1,7 @@
 """Hostile command lines stop before any work with one sentence naming the key (exit 2).
 
-Categories of the hostile-input sweep: values that used to end in a traceback, non-finite
-floats, settings that used to be ignored, sizes that cannot fit. Many cases run in-process
+Categories of hostile input: values a later stage would trip over with a traceback,
+non-finite floats, settings a run could silently ignore, sizes that cannot fit. Many cases run in-process
 through `compose` + `validate`; a few of each category run the real entry points.
 """
 
@@ -40,7 +40,7 @@ def refusal(overrides: list[str]) -> str:
     return message
 
 
-TRACEBACKS = [  # category 1: each used to fail later with a traceback
+TRACEBACKS = [  # category 1: each would fail later with a traceback
     (["task.name=sub"], "task.name"),
     (["rl.weight_decay=-0.1"], "rl.weight_decay"),
     (["rl.betas=[0.9]"], "rl.betas"),
@@ -53,7 +53,7 @@ TRACEBACKS = [  # category 1: each used to fail later with a traceback
     (["sampling.temperature=1e-40"], "sampling.temperature"),
     (["model.init_std=-1"], "model.init_std"),
 ]
-IGNORED = [  # category 3: each used to run as if it had not been given
+IGNORED = [  # category 3: each could run as if it had not been given
     (["engine.cuda_graphs=sometimes"], "engine.cuda_graphs"),
     (["engine.cuda_graphs=on"], "engine.cuda_graphs"),  # the CPU default device
     (["tracking.dump_tokens='²'"], "tracking.dump_tokens"),
@@ -62,7 +62,7 @@ IGNORED = [  # category 3: each used to run as if it had not been given
     (["layout.timeout_s=1e12"], "layout.timeout_s"),
     (["cert.models=[]"], "cert.models"),
 ]
-SIZES = [  # category 4: each used to hang or end in an allocator traceback
+SIZES = [  # category 4: each would hang or end in an allocator traceback
     (["rl.prompts_per_step=100000000"], "rl.prompts_per_step"),
     (["engine.max_batch_size=100000000"], "engine.max_batch_size"),
     (["model.vocab_size=2000000000"], "model.vocab_size"),

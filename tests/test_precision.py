@@ -160,8 +160,8 @@ def test_stale_quantized_weights_after_refit(run_once):
 @pytest.mark.parametrize("layout", ["colocated", "dedicated"])
 @pytest.mark.parametrize("model", ["tiny_dense", "tiny_moe"])
 def test_mxfp8_zero_every_step_while_learning(run_once, model, layout):
-    """+precision=mxfp8: exactly zero at every step while the weights change (the issue's
-    20-step runs are the same config with rl.steps=20 and the full batch)."""
+    """+precision=mxfp8: exactly zero at every step while the weights change (20-step
+    runs are the same config with rl.steps=20 and the full batch)."""
     rows = run_once(*MXFP8, f"model={model}", f"+layout={layout}")
     assert len(rows) == 3
     assert all(_zero(r) and r["train/bitwise_equal_frac"] == 1.0 for r in rows)

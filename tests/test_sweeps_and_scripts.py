@@ -21,7 +21,7 @@ TINY = ["rl.steps=1", "rl.prompts_per_step=2", "rl.samples_per_prompt=2"]
 QUIET = ["tracking.wandb.mode=disabled", "tracking.progress=false"]
 # Each sweep's documented command runs for real, on fewer points where the sweep is large.
 SMALLER = {
-    "fix_ablation": ["+precision=mxfp8"],  # still all eight fixes
+    "fix_ablation": ["+precision=mxfp8"],  # still all nine fixes
     "cert_beds": ["cert.steps=2", "cert.models=[tiny_moe]", "cert.precisions=[mxfp8]"],
 }
 

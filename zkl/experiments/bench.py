@@ -132,7 +132,7 @@ def run_bench(cfg: ZklConfig, run_dir: str | Path) -> dict[str, float]:
     for kind in ("gen", "score"):
         key = f"{kind}_tokens_per_s"
         result[f"ratio/{kind}_zero_over_default"] = result[f"zero/{key}"] / result[f"default/{key}"]
-    if hybrid:  # decode time with the fix over without it (the bar: <= 1.3)
+    if hybrid:  # decode time with the fix over without it
         result["ratio/decode_time_mamba_fix_on_over_off"] = (
             result["zero_without_mamba_fix/decode_tokens_per_s"]
             / result["zero/decode_tokens_per_s"]

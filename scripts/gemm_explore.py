@@ -26,7 +26,6 @@ from zkl.ops.triton.gemm import (
     fixed_config,
     gemm,
     gemm_tma_kernel,
-    gemm_tma_persistent_kernel,
     tile_coords,
     tma_tile,
 )
@@ -121,12 +120,19 @@ def tma(x, w, cfg, persist=False, ws=False):
             num_warps=warps,
             num_stages=stages,
         )
-    elif persist:
-        gemm_tma_persistent_kernel[(min(SMS, tiles),)](
-            *descs, x, m, n, k, HAS_BIAS=False, NUM_SMS=SMS, num_stages=stages, **launch
-        )
     else:
-        gemm_tma_kernel[(tiles,)](*descs, x, m, n, k, HAS_BIAS=False, num_stages=stages, **launch)
+        gemm_tma_kernel[(min(SMS, tiles) if persist else tiles,)](
+            *descs,
+            x,
+            m,
+            n,
+            k,
+            HAS_BIAS=False,
+            NUM_SMS=SMS,
+            PERSISTENT=persist,
+            num_stages=stages,
+            **launch,
+        )
     return out
 
 

@@ -21,7 +21,7 @@ import torch
 
 from zkl.errors import ConfigError
 from zkl.memory import param_count
-from zkl.models.config import ModelConfig
+from zkl.models.config import SHAPE_KEYS, ModelConfig
 from zkl.models.hf_checkpoint import (
     INDEX_FILE,
     _safetensors_files,
@@ -32,13 +32,7 @@ from zkl.models.hf_checkpoint import (
 # config.json must agree with the model config on these (max_position_embeddings may be lower)
 ARCH_KEYS = (
     "family",
-    "vocab_size",
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "intermediate_size",
+    *SHAPE_KEYS,
     "rope_theta",
     "rms_norm_eps",
     "qkv_bias",

@@ -154,6 +154,20 @@ def _layer_names(model: ModelConfig, engine: str, i: int) -> dict[str, str]:
     return names
 
 
+def _mlp_names(model: ModelConfig, i: int) -> dict[str, str]:
+    """zkl's full names -> megatron's for layer i's fused MLP weights (the experts' or the
+    dense MLP's): every checkpoint has them, unlike some of `_layer_names`."""
+    p, m = f"layers.{i}.", f"decoder.layers.{i}."
+    if not model.layer_is_moe(i):
+        return {p + "mlp.gate_up_proj.weight": m + "mlp.linear_fc1.weight"}
+    names = {}
+    for e in range(model.num_experts):
+        x, y = f"{p}mlp.experts.{e}.", f"{m}mlp.experts.local_experts.{e}."
+        names[x + "gate_up_proj.weight"] = y + "linear_fc1.weight"
+        names[x + "down_proj.weight"] = y + "linear_fc2.weight"
+    return names
+
+
 def to_megatron(
     state: dict[str, torch.Tensor], model: ModelConfig, engine: str = "megatron_local"
 ) -> dict[str, torch.Tensor]:
@@ -171,13 +185,8 @@ def to_megatron(
             if f"{p}self_attn.qkv_proj.{kind}" in state:
                 qkv = state[f"{p}self_attn.qkv_proj.{kind}"]
                 out[f"{m}self_attention.linear_qkv.{kind}"] = group_qkv(model, qkv)
-        if model.layer_is_moe(i):
-            for e in range(model.num_experts):
-                x, y = f"{p}mlp.experts.{e}.", f"{m}mlp.experts.local_experts.{e}."
-                out[y + "linear_fc1.weight"] = state[x + "gate_up_proj.weight"]
-                out[y + "linear_fc2.weight"] = state[x + "down_proj.weight"]
-        else:
-            out[m + "mlp.linear_fc1.weight"] = state[p + "mlp.gate_up_proj.weight"]
+        for ours, theirs in _mlp_names(model, i).items():
+            out[theirs] = state[ours]
     return out
 
 
@@ -199,11 +208,6 @@ def from_megatron(
             key = f"{m}self_attention.linear_qkv.{kind}"
             if key in state:
                 out[f"{p}self_attn.qkv_proj.{kind}"] = ungroup_qkv(model, state[key])
-        if model.layer_is_moe(i):
-            for e in range(model.num_experts):
-                x, y = f"{p}mlp.experts.{e}.", f"{m}mlp.experts.local_experts.{e}."
-                out[x + "gate_up_proj.weight"] = state[y + "linear_fc1.weight"]
-                out[x + "down_proj.weight"] = state[y + "linear_fc2.weight"]
-        else:
-            out[p + "mlp.gate_up_proj.weight"] = state[m + "mlp.linear_fc1.weight"]
+        for ours, theirs in _mlp_names(model, i).items():
+            out[ours] = state[theirs]
     return out

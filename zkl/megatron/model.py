@@ -24,11 +24,11 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from zkl import ops
-from zkl.generation.kv_cache import KVCache
 from zkl.invariance import is_enabled
 from zkl.loopback import loopback_only
 from zkl.megatron.mapping import gpt_model_kwargs, to_megatron, transformer_config_kwargs
 from zkl.megatron.spec import Step, block_spec
+from zkl.models.causal_lm import CausalLM
 from zkl.models.config import ModelConfig
 from zkl.models.hf_checkpoint import load_state_dict
 from zkl.models.transformer import RotaryEmbedding, Transformer, init_weights
@@ -59,7 +59,7 @@ def transformer_config(model: ModelConfig, compute_dtype: torch.dtype) -> Transf
     return TransformerConfig(**kwargs)
 
 
-class MegatronLM(torch.nn.Module):
+class MegatronLM(CausalLM):
     """zkl's model interface over a megatron-core GPTModel (see the module docstring)."""
 
     def __init__(self, cfg: ModelConfig, engine: str, compute_dtype: torch.dtype):
@@ -90,32 +90,8 @@ class MegatronLM(torch.nn.Module):
         logits, _ = output_layer(x, weight=output_weight, runtime_gather_output=True)
         return logits
 
-    def make_cache(self, num_slots: int, max_len: int) -> KVCache:
-        """The gen path's cache, as `Transformer.make_cache`: K/V of every layer."""
-        cfg, weight = self.cfg, self.embed_tokens.weight
-        return KVCache(
-            cfg.num_hidden_layers,
-            num_slots,
-            cfg.num_key_value_heads,
-            max_len,
-            cfg.head_dim,
-            weight.dtype,
-            weight.device,
-        )
-
-    def forward(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        cache=None,
-        slots: torch.Tensor | None = None,
-        logit_index: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """tokens, positions [B, T] -> logits [B, T, V] (or [B, V] at `logit_index` [B]).
-
-        As `Transformer.forward`: with `cache`, K/V go to the cache rows `slots` and attention
-        reads every cached key of the row; without it, positions are 0..T-1.
-        """
+    def logits(self, tokens, positions, cache, slots, logit_index) -> torch.Tensor:
+        """GPTModel's forward with the step's positions and cache set for its layers."""
         self.step.positions, self.step.cache, self.step.slots = positions, cache, slots
         try:
             return self.gpt(

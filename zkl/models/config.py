@@ -9,6 +9,17 @@ FAMILIES = ("qwen2", "qwen3", "qwen3_moe", "nemotron_h")
 # Megatron's hybrid pattern letters: Mamba2, attention, MLP, MoE.
 LAYER_KINDS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 
+# The sizes that fix a dense model's tensor shapes: each must be positive.
+SHAPE_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+)
+
 
 @dataclass
 class ModelConfig:
@@ -83,16 +94,7 @@ def validate_model(cfg: ModelConfig) -> None:
     """Raise ValueError with one sentence naming the key to change."""
     if cfg.family not in FAMILIES:
         raise ValueError(f"model.family={cfg.family!r} is not one of {list(FAMILIES)}.")
-    for key in (
-        "vocab_size",
-        "hidden_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
-        "intermediate_size",
-        "max_position_embeddings",
-    ):
+    for key in (*SHAPE_KEYS, "max_position_embeddings"):
         if getattr(cfg, key) <= 0:
             raise ValueError(f"model.{key}={getattr(cfg, key)} must be positive.")
     if cfg.rope_theta <= 0 or cfg.rms_norm_eps <= 0:
@@ -101,16 +103,8 @@ def validate_model(cfg: ModelConfig) -> None:
         raise ValueError(f"model.head_dim={cfg.head_dim} must be even (rotary embedding pairs).")
     if cfg.init_std <= 0:
         raise ValueError(f"model.init_std={cfg.init_std} must be positive.")
-    if cfg.hidden_size % cfg.num_attention_heads:
-        raise ValueError(
-            f"model.num_attention_heads={cfg.num_attention_heads} must divide "
-            f"model.hidden_size={cfg.hidden_size}."
-        )
-    if cfg.num_attention_heads % cfg.num_key_value_heads:
-        raise ValueError(
-            f"model.num_key_value_heads={cfg.num_key_value_heads} must divide "
-            f"model.num_attention_heads={cfg.num_attention_heads}."
-        )
+    _check_divides(cfg, "num_attention_heads", "hidden_size")
+    _check_divides(cfg, "num_key_value_heads", "num_attention_heads")
     if cfg.family == "nemotron_h":
         _validate_hybrid(cfg)
     if cfg.family != "qwen3_moe" and cfg.num_experts:
@@ -118,11 +112,7 @@ def validate_model(cfg: ModelConfig) -> None:
     if cfg.family == "qwen3_moe":
         if cfg.num_experts <= 0:
             raise ValueError("model.num_experts must be positive for model.family='qwen3_moe'.")
-        if not 0 < cfg.num_experts_per_tok <= cfg.num_experts:
-            raise ValueError(
-                f"model.num_experts_per_tok={cfg.num_experts_per_tok} must be between 1 and "
-                f"model.num_experts={cfg.num_experts}."
-            )
+        _check_top_k(cfg, "num_experts")
         if cfg.moe_intermediate_size <= 0:
             raise ValueError("model.moe_intermediate_size must be positive for a MoE model.")
         if cfg.decoder_sparse_step <= 0:
@@ -144,11 +134,8 @@ def _validate_hybrid(cfg: ModelConfig) -> None:
     for key in ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "chunk_size"):
         if "M" in pattern and getattr(cfg, key) <= 0:
             raise ValueError(f"model.{key} must be positive for Mamba layers.")
-    if "M" in pattern and cfg.mamba_num_heads % cfg.n_groups:
-        raise ValueError(
-            f"model.n_groups={cfg.n_groups} must divide "
-            f"model.mamba_num_heads={cfg.mamba_num_heads}."
-        )
+    if "M" in pattern:
+        _check_divides(cfg, "n_groups", "mamba_num_heads")
     if cfg.conv_kernel < 2:
         raise ValueError(f"model.conv_kernel={cfg.conv_kernel} must be at least 2.")
     if cfg.qkv_bias or cfg.qk_norm:
@@ -156,11 +143,7 @@ def _validate_hybrid(cfg: ModelConfig) -> None:
     if cfg.mamba_hidden_act != "silu" or cfg.mlp_hidden_act != "relu2":
         raise ValueError("model.mamba_hidden_act must be silu and model.mlp_hidden_act relu2.")
     if "E" in pattern:
-        if not 0 < cfg.num_experts_per_tok <= cfg.n_routed_experts:
-            raise ValueError(
-                f"model.num_experts_per_tok={cfg.num_experts_per_tok} must be between 1 and "
-                f"model.n_routed_experts={cfg.n_routed_experts}."
-            )
+        _check_top_k(cfg, "n_routed_experts")
         if cfg.moe_intermediate_size <= 0 or cfg.moe_shared_expert_intermediate_size <= 0:
             raise ValueError(
                 "model.moe_intermediate_size and model.moe_shared_expert_intermediate_size "
@@ -171,3 +154,19 @@ def _validate_hybrid(cfg: ModelConfig) -> None:
                 f"model.n_group={cfg.n_group} must divide model.n_routed_experts and "
                 f"model.topk_group={cfg.topk_group} must be between 1 and n_group."
             )
+
+
+def _check_divides(cfg: ModelConfig, part: str, whole: str) -> None:
+    if getattr(cfg, whole) % getattr(cfg, part):
+        raise ValueError(
+            f"model.{part}={getattr(cfg, part)} must divide model.{whole}={getattr(cfg, whole)}."
+        )
+
+
+def _check_top_k(cfg: ModelConfig, experts: str) -> None:
+    """Each token picks `num_experts_per_tok` of the `experts` routed experts."""
+    if not 0 < cfg.num_experts_per_tok <= getattr(cfg, experts):
+        raise ValueError(
+            f"model.num_experts_per_tok={cfg.num_experts_per_tok} must be between 1 and "
+            f"model.{experts}={getattr(cfg, experts)}."
+        )

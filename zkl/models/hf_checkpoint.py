@@ -235,6 +235,20 @@ def _shape(t: torch.Tensor) -> list[int]:
     return list(t.shape)
 
 
+def _per_expert(tensor: torch.Tensor, key: str, shape: tuple[int, int, int]) -> torch.Tensor:
+    """`tensor` as [E, rows, cols] = `shape`: stored so, or as each expert's transpose (on a
+    tie, as `shape`)."""
+    e, rows, cols = shape
+    if tuple(tensor.shape) == shape:
+        return tensor
+    if tuple(tensor.shape) == (e, cols, rows):
+        return tensor.transpose(1, 2)
+    raise ValueError(
+        f"checkpoint tensor model.{key} has shape {list(tensor.shape)}; config.json implies "
+        f"{list(shape)} (or {[e, cols, rows]})."
+    )
+
+
 def _unfuse_experts(
     key: str, tensor: torch.Tensor, cfg: ModelConfig, out: dict[str, torch.Tensor]
 ) -> None:
@@ -243,32 +257,16 @@ def _unfuse_experts(
     layer, kind = _FUSED_EXPERTS.match(key).groups()
     prefix = f"layers.{layer}.mlp.experts"
     e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
-    shape = tuple(tensor.shape)
     if kind == "gate_up_proj":
         # transformers 5: [E, 2I, H], linear(x, W[e]).chunk(2) -> gate first; when 2I == H
         # the shape is ambiguous and this (the transformers 5) layout is taken.
-        if shape == (e, 2 * i, h):
-            fused = tensor
-        elif shape == (e, h, 2 * i):  # x @ W[e] form
-            fused = tensor.transpose(1, 2)
-        else:
-            raise ValueError(
-                f"checkpoint tensor model.{key} has shape {list(shape)}; config.json implies "
-                f"{[e, 2 * i, h]} (or {[e, h, 2 * i]})."
-            )
+        fused = _per_expert(tensor, key, (e, 2 * i, h))  # or the x @ W[e] form
         for x in range(e):
             out[f"{prefix}.{x}.gate_proj.weight"] = fused[x, :i]
             out[f"{prefix}.{x}.up_proj.weight"] = fused[x, i:]
     else:
-        if shape == (e, h, i):  # transformers 5: linear(h, W[e]); preferred when H == I
-            fused = tensor
-        elif shape == (e, i, h):
-            fused = tensor.transpose(1, 2)
-        else:
-            raise ValueError(
-                f"checkpoint tensor model.{key} has shape {list(shape)}; config.json implies "
-                f"{[e, h, i]} (or {[e, i, h]})."
-            )
+        # transformers 5: linear(h, W[e]); preferred when H == I
+        fused = _per_expert(tensor, key, (e, h, i))
         for x in range(e):
             out[f"{prefix}.{x}.down_proj.weight"] = fused[x]
 

@@ -15,6 +15,7 @@ from torch import nn
 from zkl import ops
 from zkl.generation.mamba_cache import HybridCache
 from zkl.invariance import is_enabled
+from zkl.models.causal_lm import CausalLM
 from zkl.models.config import ModelConfig
 from zkl.models.mamba2 import Mamba2Mixer, sigmoid
 from zkl.models.transformer import Attention, Linear, RMSNorm, SparseMoE, init_weights
@@ -119,7 +120,9 @@ class HybridLayer(nn.Module):
         return x + self.mixer(h)
 
 
-class NemotronH(nn.Module):
+class NemotronH(CausalLM):
+    """Nemotron-H: on the gen path every token of a row is real (no padding)."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -136,17 +139,6 @@ class NemotronH(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, False, quantizable=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-
-    def forward(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        cache=None,
-        slots: torch.Tensor | None = None,
-        logit_index: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """As `Transformer.forward`; with `cache` every token of a row is real (no padding)."""
-        return self.lm_head(self.hidden_states(tokens, positions, cache, slots, logit_index))
 
     def hidden_states(self, tokens, positions, cache=None, slots=None, logit_index=None):
         """As `Transformer.hidden_states`."""

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from zkl import ops, rng
-from zkl.generation.kv_cache import KVCache
 from zkl.invariance import is_enabled
+from zkl.models.causal_lm import CausalLM
 from zkl.models.config import ModelConfig
 from zkl.models.fused import init_order
 from zkl.models.moe import combine, fixed_route, group_by_expert, run_experts
@@ -230,7 +230,7 @@ class Block(nn.Module):
         return x, self.mlp(h)
 
 
-class Transformer(nn.Module):
+class Transformer(CausalLM):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -241,22 +241,6 @@ class Transformer(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
-
-    def forward(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        cache=None,
-        slots: torch.Tensor | None = None,
-        logit_index: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """tokens, positions [B, T] -> logits [B, T, V] (or [B, V] at `logit_index` [B]).
-
-        With `cache` (gen path), K/V of these tokens go to the cache rows `slots` [B] and
-        attention reads every cached key of the row; without it (train path), the row's
-        own tokens are its keys and positions must be 0..T-1.
-        """
-        return self.lm_head(self.hidden_states(tokens, positions, cache, slots, logit_index))
 
     def hidden_states(self, tokens, positions, cache=None, slots=None, logit_index=None):
         """The final norm's output [B, T, hidden] (or [B, hidden] at `logit_index`): what
@@ -273,20 +257,6 @@ class Transformer(nn.Module):
             picked = (torch.arange(x.shape[0], device=x.device), logit_index)
             x, delta = x[picked], None if delta is None else delta[picked]
         return self.norm.add_forward(x, delta)[1]
-
-    def make_cache(self, num_slots: int, max_len: int) -> KVCache:
-        """The gen path's cache of `num_slots` rows of `max_len` positions: K/V of every
-        layer, in the model's dtype, on its device."""
-        cfg, weight = self.cfg, self.embed_tokens.weight
-        return KVCache(
-            cfg.num_hidden_layers,
-            num_slots,
-            cfg.num_key_value_heads,
-            max_len,
-            cfg.head_dim,
-            weight.dtype,
-            weight.device,
-        )
 
 
 INIT_CHUNK = 1 << 24  # elements drawn at a time

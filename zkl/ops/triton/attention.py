@@ -139,6 +139,25 @@ def _merge(big_m, big_l, big_o, m, s, o, take):
     )
 
 
+@triton.jit
+def _empty_state(BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """An online softmax before its first key: max -inf, sum 0, output 0."""
+    return (
+        tl.full((BLOCK_M,), float("-inf"), tl.float32),
+        tl.zeros((BLOCK_M,), tl.float32),
+        tl.zeros((BLOCK_M, BLOCK_D), tl.float32),
+    )
+
+
+@triton.jit
+def _kv_row(rows_ptr, b, HAS_ROWS: tl.constexpr):
+    """The cache row batch row `b` reads: its own, or `rows[b]` (the engine's slots)."""
+    kv_b = b
+    if HAS_ROWS:
+        kv_b = tl.load(rows_ptr + b).to(tl.int64)
+    return kv_b
+
+
 @triton.jit(do_not_specialize=["num_q", "num_keys", "num_m_blocks"])
 def _prefill_kernel(
     q_ptr,
@@ -182,9 +201,7 @@ def _prefill_kernel(
     b = (pid_bh // num_heads).to(tl.int64)
     h = pid_bh % num_heads
     kv_h = h // groups
-    kv_b = b
-    if HAS_ROWS:
-        kv_b = tl.load(rows_ptr + b).to(tl.int64)
+    kv_b = _kv_row(rows_ptr, b, HAS_ROWS)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     valid_m = offs_m < num_q
     offs_d = tl.arange(0, BLOCK_D)
@@ -198,14 +215,10 @@ def _prefill_kernel(
     k_base = k_ptr + kv_b * s_kb + kv_h * s_kh
     v_base = v_ptr + kv_b * s_vb + kv_h * s_vh
     end = tl.max(pos, axis=0) + 1
-    big_m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    big_l = tl.zeros((BLOCK_M,), tl.float32)
-    big_o = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    big_m, big_l, big_o = _empty_state(BLOCK_M, BLOCK_D)
     if NESTED:
         for c_lo in range(0, end, CHUNK_KEYS):
-            m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-            l_i = tl.zeros((BLOCK_M,), tl.float32)
-            acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+            m_i, l_i, acc = _empty_state(BLOCK_M, BLOCK_D)
             c_hi = tl.minimum(c_lo + CHUNK_KEYS, end)
             for start in tl.range(c_lo, c_hi, BLOCK_N, num_stages=STAGES):
                 m_i, l_i, acc = _block_step(
@@ -214,9 +227,7 @@ def _prefill_kernel(
                 )  # fmt: skip
             big_m, big_l, big_o = _merge(big_m, big_l, big_o, m_i, l_i, acc, c_lo <= pos)
     else:
-        m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-        l_i = tl.zeros((BLOCK_M,), tl.float32)
-        acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+        m_i, l_i, acc = _empty_state(BLOCK_M, BLOCK_D)
         for start in tl.range(0, end, BLOCK_N, num_stages=STAGES):
             m_i, l_i, acc = _block_step(
                 q, k_base, v_base, start, pos, m_i, l_i, acc, s_kt, s_vt, num_keys, qk_scale,
@@ -226,9 +237,7 @@ def _prefill_kernel(
             if (stop % CHUNK_KEYS == 0) | (stop >= end):  # a chunk ends: merge it, start afresh
                 c_lo = (start // CHUNK_KEYS) * CHUNK_KEYS
                 big_m, big_l, big_o = _merge(big_m, big_l, big_o, m_i, l_i, acc, c_lo <= pos)
-                m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-                l_i = tl.zeros((BLOCK_M,), tl.float32)
-                acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+                m_i, l_i, acc = _empty_state(BLOCK_M, BLOCK_D)
     out = big_o / tl.where(big_l > 0, big_l, 1.0)[:, None]  # padding queries see no key
     tl.store(
         out_ptr + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :],
@@ -276,9 +285,7 @@ def _decode_chunks_kernel(
     pid_bk = tl.program_id(0)
     b = (pid_bk // num_kv_heads).to(tl.int64)
     kv_h = pid_bk % num_kv_heads
-    kv_b = b
-    if HAS_ROWS:
-        kv_b = tl.load(rows_ptr + b).to(tl.int64)
+    kv_b = _kv_row(rows_ptr, b, HAS_ROWS)
     lane = tl.arange(0, BLOCK_M)
     heads = kv_h * groups + lane
     valid_m = lane < groups
@@ -299,9 +306,7 @@ def _decode_chunks_kernel(
     part = (b * num_heads + heads) * max_chunks
     lo = first * CHUNK_KEYS
     hi = tl.minimum(last * CHUNK_KEYS, end)
-    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    l_i = tl.zeros((BLOCK_M,), tl.float32)
-    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    m_i, l_i, acc = _empty_state(BLOCK_M, BLOCK_D)
     for start in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):
         m_i, l_i, acc = _block_step(
             q, k_base, v_base, start, pos, m_i, l_i, acc, s_kt, s_vt, num_keys, qk_scale,
@@ -317,9 +322,7 @@ def _decode_chunks_kernel(
                 acc,
                 mask=valid_m[:, None] & valid_d[None, :],
             )
-            m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-            l_i = tl.zeros((BLOCK_M,), tl.float32)
-            acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+            m_i, l_i, acc = _empty_state(BLOCK_M, BLOCK_D)
 
 
 @triton.jit
@@ -355,9 +358,7 @@ def _combine_kernel(
     p = tl.load(pos_ptr + b * s_pb).to(tl.int32)
     n_chunks = tl.cdiv(p + 1, CHUNK_KEYS)
     part = (b * num_heads + heads) * max_chunks
-    big_m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    big_l = tl.zeros((BLOCK_M,), tl.float32)
-    big_o = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    big_m, big_l, big_o = _empty_state(BLOCK_M, BLOCK_D)
     take = lane >= 0
     for c in tl.range(0, n_chunks, num_stages=3):
         m = tl.load(part_m_ptr + part + c, mask=valid_m, other=0.0)

@@ -128,34 +128,75 @@ def gemm_tma_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP: tl.constexpr,
-):
-    pid_m, pid_n = tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP)
-    tma_tile(x_desc, w_desc, o_desc, b_ptr, pid_m, pid_n, N, K, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K)
-
-
-@triton.jit(do_not_specialize=["M"])
-def gemm_tma_persistent_kernel(
-    x_desc,
-    w_desc,
-    o_desc,
-    b_ptr,
-    M,
-    N,
-    K,
-    HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP: tl.constexpr,
     NUM_SMS: tl.constexpr,
+    PERSISTENT: tl.constexpr,
 ):
-    """One program per SM walking the tiles: no tail wave, the next tile's loads overlap."""
-    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-    for tile in tl.range(tl.program_id(0), num_tiles, NUM_SMS, flatten=True):
-        pid_m, pid_n = tile_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP)
+    """One tile a program, or PERSISTENT: one program per SM walking the tiles (no tail wave,
+    the next tile's loads overlap)."""
+    if PERSISTENT:
+        num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+        for tile in tl.range(tl.program_id(0), num_tiles, NUM_SMS, flatten=True):
+            pid_m, pid_n = tile_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP)
+            tma_tile(
+                x_desc,
+                w_desc,
+                o_desc,
+                b_ptr,
+                pid_m,
+                pid_n,
+                N,
+                K,
+                HAS_BIAS,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+            )
+    else:
+        pid_m, pid_n = tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP)
         tma_tile(
             x_desc, w_desc, o_desc, b_ptr, pid_m, pid_n, N, K, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K
         )
+
+
+@triton.jit
+def pointer_tile(
+    x_rows,  # [BM, 1]: the tile's rows of x
+    w_cols,  # [1, BN]: the tile's rows of the weight
+    K,
+    stride_xk,
+    stride_wk,
+    EVEN_K: tl.constexpr,  # K a multiple of BLOCK_K: no tail to mask
+    PRECISION: tl.constexpr,  # 'ieee' for fp32 (no TF32), 'tf32' (ignored) for bf16
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """One fp32 output tile: K walked in order, never split (the dense and the grouped
+    kernel share it, so their rows agree)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = x_rows + offs_k[None, :] * stride_xk
+    w_ptrs = w_cols + offs_k[:, None] * stride_wk  # [BK, BN]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(x_ptrs)
+            b = tl.load(w_ptrs)
+        else:
+            a = tl.load(x_ptrs, mask=offs_k[None, :] < K - k0, other=0.0)
+            b = tl.load(w_ptrs, mask=offs_k[:, None] < K - k0, other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        x_ptrs += BLOCK_K * stride_xk
+        w_ptrs += BLOCK_K * stride_wk
+    return acc
+
+
+@triton.jit
+def store_tile(out_ptr, acc, rows, cols, row_end, N, stride_om, stride_on):
+    """Stores the tile's rows below `row_end` and columns below N, in the output's dtype."""
+    out_rows = rows.to(tl.int64)
+    out_ptrs = out_ptr + out_rows[:, None] * stride_om + cols[None, :] * stride_on
+    mask = (rows[:, None] < row_end) & (cols[None, :] < N)
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -189,26 +230,14 @@ def _gemm_kernel(
     # are never stored), so the loads stay unmasked and vectorized; only K's tail is masked.
     offs_m = tl.where(rows < M, rows, 0).to(tl.int64)  # M * K may pass 2^31
     offs_n = tl.where(cols < N, cols, 0)
-    offs_k = tl.arange(0, BLOCK_K)
-    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
-    w_ptrs = w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk  # [BK, BN]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        if EVEN_K:
-            a = tl.load(x_ptrs)
-            b = tl.load(w_ptrs)
-        else:
-            a = tl.load(x_ptrs, mask=offs_k[None, :] < K - k0, other=0.0)
-            b = tl.load(w_ptrs, mask=offs_k[:, None] < K - k0, other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
-        x_ptrs += BLOCK_K * stride_xk
-        w_ptrs += BLOCK_K * stride_wk
+    x_rows = x_ptr + offs_m[:, None] * stride_xm
+    w_cols = w_ptr + offs_n[None, :] * stride_wn
+    acc = pointer_tile(
+        x_rows, w_cols, K, stride_xk, stride_wk, EVEN_K, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K
+    )
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n).to(tl.float32)[None, :]
-    out_rows = rows.to(tl.int64)
-    out_ptrs = out_ptr + out_rows[:, None] * stride_om + cols[None, :] * stride_on
-    mask = (rows[:, None] < M) & (cols[None, :] < N)
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    store_tile(out_ptr, acc, rows, cols, M, N, stride_om, stride_on)
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -248,22 +277,24 @@ def _launch(x, weight, bias, out, config: Config, tma: bool) -> None:
             TensorDescriptor.from_tensor(weight, [block_n, block_k]),
             TensorDescriptor.from_tensor(out, [block_m, block_n]),
         )
-        common = dict(
+        persistent = block_m >= 128  # the large tiles: measured faster at every shape
+        sms = sm_count(x.device)
+        gemm_tma_kernel[(min(sms, tiles) if persistent else tiles,)](
+            *descs,
+            bias_arg,
+            num_rows,
+            num_cols,
+            depth,
             HAS_BIAS=bias is not None,
             BLOCK_M=block_m,
             BLOCK_N=block_n,
             BLOCK_K=block_k,
             GROUP=GROUP_M,
+            NUM_SMS=sms,
+            PERSISTENT=persistent,
             num_warps=warps,
             num_stages=stages,
         )
-        if block_m >= 128:  # the large tiles run persistent: measured faster at every shape
-            sms = sm_count(x.device)
-            gemm_tma_persistent_kernel[(min(sms, tiles),)](
-                *descs, bias_arg, num_rows, num_cols, depth, NUM_SMS=sms, **common
-            )
-        else:
-            gemm_tma_kernel[(tiles,)](*descs, bias_arg, num_rows, num_cols, depth, **common)
         return
     _gemm_kernel[(tiles,)](
         x,

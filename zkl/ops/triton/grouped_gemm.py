@@ -10,7 +10,7 @@ Each expert keeps its own weight tensor (the model's state-dict names stay per e
 kernel reads a device table of their addresses, so nothing is stacked or copied.
 
 Invariance: a tile walks K in order, never split, with the inner loop of the dense GEMM
-(`zkl.ops.triton.gemm._gemm_kernel`), so a row's result never depends on the group sizes and
+(`zkl.ops.triton.gemm.pointer_tile`), so a row's result never depends on the group sizes and
 equals the dense invariant GEMM's row where that GEMM's tiles agree (`gemm.tiles_agree`).
 """
 
@@ -22,7 +22,14 @@ import torch
 import triton
 import triton.language as tl
 
-from zkl.ops.triton.gemm import Config, config_for, fixed_config, tiles_agree
+from zkl.ops.triton.gemm import (
+    Config,
+    config_for,
+    fixed_config,
+    pointer_tile,
+    store_tile,
+    tiles_agree,
+)
 
 _TABLES: dict[tuple, torch.Tensor] = {}  # weight address tables, by (device, addresses)
 
@@ -73,24 +80,12 @@ def _grouped_gemm_kernel(
     # 0 (never stored), so the loads stay unmasked; only K's tail is masked.
     offs_m = tl.where(rows < group_end, rows, group_start).to(tl.int64)
     offs_n = tl.where(cols < N, cols, 0)
-    offs_k = tl.arange(0, BLOCK_K)
-    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
-    w_ptrs = w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk  # [BK, BN]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        if EVEN_K:
-            a = tl.load(x_ptrs)
-            b = tl.load(w_ptrs)
-        else:
-            a = tl.load(x_ptrs, mask=offs_k[None, :] < K - k0, other=0.0)
-            b = tl.load(w_ptrs, mask=offs_k[:, None] < K - k0, other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
-        x_ptrs += BLOCK_K * stride_xk
-        w_ptrs += BLOCK_K * stride_wk
-    out_rows = rows.to(tl.int64)
-    out_ptrs = out_ptr + out_rows[:, None] * stride_om + cols[None, :] * stride_on
-    mask = (rows[:, None] < group_end) & (cols[None, :] < N)
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    x_rows = x_ptr + offs_m[:, None] * stride_xm
+    w_cols = w_ptr + offs_n[None, :] * stride_wn
+    acc = pointer_tile(
+        x_rows, w_cols, K, stride_xk, stride_wk, EVEN_K, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K
+    )
+    store_tile(out_ptr, acc, rows, cols, group_end, N, stride_om, stride_on)
 
 
 def address_table(weights: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -1,0 +1,49 @@
+"""The calls the trainer and the engine make on every model, written once for all of them."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from zkl.generation.kv_cache import KVCache
+
+
+class CausalLM(nn.Module):
+    """A model of `cfg` with `embed_tokens`: forward to logits and the gen path's cache.
+
+    A model gives `hidden_states` and `lm_head`, or overrides `logits` when its framework
+    computes the head itself; `make_cache` is overridden by models with more than K/V.
+    """
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache=None,
+        slots: torch.Tensor | None = None,
+        logit_index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """tokens, positions [B, T] -> logits [B, T, V] (or [B, V] at `logit_index` [B]).
+
+        With `cache` (gen path), K/V of these tokens go to the cache rows `slots` [B] and
+        attention reads every cached key of the row; without it (train path), the row's
+        own tokens are its keys and positions must be 0..T-1.
+        """
+        return self.logits(tokens, positions, cache, slots, logit_index)
+
+    def logits(self, tokens, positions, cache, slots, logit_index) -> torch.Tensor:
+        return self.lm_head(self.hidden_states(tokens, positions, cache, slots, logit_index))
+
+    def make_cache(self, num_slots: int, max_len: int) -> KVCache:
+        """The gen path's cache of `num_slots` rows of `max_len` positions: K/V of every
+        layer, in the model's dtype, on its device."""
+        cfg, weight = self.cfg, self.embed_tokens.weight
+        return KVCache(
+            cfg.num_hidden_layers,
+            num_slots,
+            cfg.num_key_value_heads,
+            max_len,
+            cfg.head_dim,
+            weight.dtype,
+            weight.device,
+        )

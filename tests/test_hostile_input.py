@@ -1,8 +1,9 @@
 """Hostile command lines stop before any work with one sentence naming the key (exit 2).
 
 Categories of hostile input: values a later stage would trip over with a traceback,
-non-finite floats, settings a run could silently ignore, sizes that cannot fit. Many cases run in-process
-through `compose` + `validate`; a few of each category run the real entry points.
+non-finite floats, settings a run could silently ignore, sizes that cannot fit. Many cases
+run in-process through `compose` + `validate`; a few of each category run the real entry
+points.
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def softmax(x: torch.Tensor) -> torch.Tensor:
-    """fp32 softmax; torch's is row-invariant on the CPU (measured, DESIGN.md section 4)."""
+    """fp32 softmax; torch's is row-invariant on the CPU (measured, docs/design.md section 4)."""
     return torch.softmax(x.float(), dim=-1)
 
 

@@ -4,7 +4,7 @@ Why this kernel and not cuBLAS: cuBLAS picks its algorithm, split-K included, fr
 row's bits change with the batch. A GEMM that walks K in order without splitting it gives
 each output the same bits whatever its tiling: measured on an H200 for every tile and form
 here (pointer or TMA loads, one tile per program or persistent; `scripts/gemm_explore.py`,
-DESIGN.md section 4), and equal to no-split-K cuBLAS. So the tile may follow M, as a fast
+docs/design.md section 4), and equal to no-split-K cuBLAS. So the tile may follow M, as a fast
 GEMM's does, at no cost to invariance. Because that is a property of the device, it is
 checked there: the first call of each (K, N, dtype, device) runs every tile and form that
 shape can get against the fixed-tile reference (`tiles_agree`); if any bit differs, that

@@ -22,6 +22,7 @@ def test_shapes_parse_and_bad_ones_are_one_sentence():
         check_bench(BenchConfig(workload="long"), on_cuda=True)
 
 
+@pytest.mark.slow
 def test_rl_rows_time_both_modes_from_the_same_weights():
     cfg = compose(
         ["tracking.wandb.mode=disabled", "bench.gen_shapes=[40x6x8]", "bench.step_shapes=[40x6x8]"]

@@ -19,6 +19,8 @@ from zkl.experiments import ablation
 from zkl.experiments.beds import beds, plan
 from zkl.experiments.cert import execute, run_cert
 
+pytestmark = pytest.mark.slow  # whole experiments: `pytest -m "not slow"` skips them
+
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = ["cert.models=[tiny_dense,tiny_moe]", "cert.precisions=[bf16,mxfp8]"]
 

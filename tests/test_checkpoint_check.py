@@ -145,6 +145,7 @@ def test_an_index_naming_a_missing_shard(good):
 
 
 @pytest.mark.parametrize("damage", ["truncated", "llama"])
+@pytest.mark.slow
 def test_the_entry_point_refuses_a_bad_checkpoint_before_building(tmp_path, good, damage):
     if damage == "truncated":
         data = (good / "model.safetensors").read_bytes()

@@ -158,6 +158,7 @@ def test_a_failed_save_keeps_the_previous_checkpoint_and_every_metric(copy, monk
     assert [r["step"] for r in rows] == [0, 1, 2]
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_a_save_is_one_sentence_and_exit_1(copy):
     """A real write failure: files may grow to 256 kB, less than the checkpoint needs."""
     path = copy / CHECKPOINT_FILE

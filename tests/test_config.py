@@ -142,6 +142,7 @@ def _zkl(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_cli_bad_value_is_one_sentence_before_work(tmp_path):
     out = _zkl(
         "model=tiny_moe", "model.num_experts_per_tok=9", f"hydra.run.dir={tmp_path}", cwd=tmp_path

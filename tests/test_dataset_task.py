@@ -20,12 +20,15 @@ from zkl.errors import ConfigError
 from zkl.rl.loop import run
 from zkl.run.validate import validate
 
+pytestmark = pytest.mark.slow  # whole runs on datasets: `pytest -m "not slow"` skips them
+
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data"
 TRAIN, VAL = DATA / "arith_train.jsonl", DATA / "arith_val.jsonl"
 _spec = importlib.util.spec_from_file_location(
     "make_hf", REPO / "scripts" / "make_hf_checkpoint.py"
 )
+
 make_hf = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(make_hf)
 

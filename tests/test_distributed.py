@@ -30,6 +30,8 @@ from zkl.state.checkpoint_file import CHECKPOINT_FILE
 from zkl.state.sharded import SHARDS_DIR
 from zkl.tracking.run_log import TOKENS_FILE, read_metrics
 
+pytestmark = pytest.mark.slow  # whole experiments: `pytest -m "not slow"` skips them
+
 warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
 REPO = Path(__file__).resolve().parent.parent
 BASE = ["num_threads=1", "rl.prompts_per_step=4", "rl.samples_per_prompt=4"]

@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_python_m_zkl_writes_zero_metrics(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
     cmd = [sys.executable, "-m", "zkl", "+precision=bf16", "+layout=colocated", "rl.steps=3"]
@@ -28,7 +31,7 @@ def test_python_m_zkl_writes_zero_metrics(tmp_path):
 def test_bench_measures_both_modes(tmp_path):
     from conftest import SMALL, make_cfg
 
-    from zkl.bench import run_bench
+    from zkl.experiments.bench import run_bench
 
     result = run_bench(make_cfg(*SMALL), tmp_path)
     assert result["zero/gen_tokens_per_s"] > 0 and result["default/gen_tokens_per_s"] > 0

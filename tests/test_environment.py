@@ -56,6 +56,7 @@ def entry(tmp_path: Path, env: dict[str, str], *overrides: str) -> subprocess.Co
         ("SUBMITIT_PREEMPT_SIGNAL", "NOPE"),
     ],
 )
+@pytest.mark.slow
 def test_the_entry_point_refuses_a_bad_variable_before_any_work(tmp_path, name, value):
     out = entry(tmp_path, {name: value})
     lines = [x for x in out.stderr.splitlines() if x.strip()]
@@ -65,6 +66,7 @@ def test_the_entry_point_refuses_a_bad_variable_before_any_work(tmp_path, name, 
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_a_run_with_the_sig_spelling_runs(tmp_path):
     out = entry(tmp_path, {"SUBMITIT_PREEMPT_SIGNAL": "SIGUSR2"}, "tracking.wandb.mode=disabled")
     assert out.returncode == 0, out.stderr[-2000:]

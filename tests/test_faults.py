@@ -22,6 +22,8 @@ from zkl.errors import RunFault
 from zkl.tracking import run_log
 from zkl.tracking.run_log import METRICS_FILE, RunLog, read_metrics
 
+pytestmark = pytest.mark.slow  # whole experiments: `pytest -m "not slow"` skips them
+
 REPO = Path(__file__).resolve().parent.parent
 QUIET = ["tracking.wandb.mode=disabled", "tracking.progress=false"]
 FAST = ["rl.prompts_per_step=2", "rl.samples_per_prompt=2"]

@@ -46,6 +46,7 @@ def test_every_bed_folder_lies_inside_the_run_directory(tmp_path):
 
 
 @pytest.mark.parametrize("value", ["../../../escaped", "/tmp/zkl-escaped-bed"])
+@pytest.mark.slow
 def test_cert_writes_nothing_outside_its_run_directory(tmp_path, value):
     """The entry point: exit 2 before any work, nothing next to or above the run directory."""
     root = tmp_path / "a" / "b"

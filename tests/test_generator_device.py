@@ -103,6 +103,7 @@ def test_the_generators_gpu_is_checked_for_its_own_memory(two_gpus, monkeypatch)
     assert memory.generator_estimate(cfg, 512)["generator weights and refit buffer"] > 0
 
 
+@pytest.mark.slow
 def test_peak_measures_the_broadcast_the_refit_uses(tmp_path):
     """gloo on the CPU: a finite positive GB/s, and a generator refits afterwards (the peak
     leaves no group behind)."""

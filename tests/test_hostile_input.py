@@ -225,12 +225,14 @@ CLI = [  # (entry point, overrides, key): a few of each category through the rea
 
 
 @pytest.mark.parametrize("module,overrides,key", CLI, ids=[c[2] for c in CLI])
+@pytest.mark.slow
 def test_entry_points_refuse_before_work(module, overrides, key, tmp_path):
     run_dir = tmp_path / "run"
     out = run_entry(module, overrides, run_dir)
     assert_refused_before_work(out, run_dir, key)
 
 
+@pytest.mark.slow
 def test_a_30b_model_on_a_small_machine_is_refused_with_the_estimate(tmp_path):
     cfg = make_cfg("model=qwen3_30b_a3b")
     needed = sum(memory.estimate(cfg, default_positions(cfg)).values())
@@ -241,6 +243,7 @@ def test_a_30b_model_on_a_small_machine_is_refused_with_the_estimate(tmp_path):
     assert f"about {needed / 1e9:.1f} GB" in out.stderr
 
 
+@pytest.mark.slow
 def test_a_diverged_update_stops_the_run_after_logging_its_step(tmp_path):
     """NaN/inf hides in the metrics (NaN != NaN, max() skips it): the run stops loudly."""
     from zkl.errors import NonFinite
@@ -253,7 +256,7 @@ def test_a_diverged_update_stops_the_run_after_logging_its_step(tmp_path):
 
 
 def test_cert_fails_a_diverged_bed_and_certifies_the_rest(tmp_path):
-    from zkl.cert import run_cert
+    from zkl.experiments.cert import run_cert
 
     cfg = make_cfg("rl.lr=1e30", "cert.steps=2", "cert.models=[tiny_dense,tiny_moe]")
     rows = run_cert(cfg, tmp_path)

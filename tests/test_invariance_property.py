@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -11,6 +12,8 @@ from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.sampling import SamplingParams
 from zkl.models import ModelConfig, build_model
 from zkl.trainer.scoring import score
+
+pytestmark = pytest.mark.slow  # a minute of random schedules; `pytest -m "not slow"` skips it
 
 MODEL = build_model(ModelConfig(), torch.bfloat16, seed=11)
 

@@ -114,6 +114,7 @@ def test_persist_prefix_hit_restores_mamba_state():
         assert a.tokens == b.tokens and torch.equal(a.logprobs, b.logprobs)
 
 
+@pytest.mark.slow
 def test_grpo_hybrid_zero_every_step_and_mamba_fix_attributed(tmp_path):
     """Short GRPO on tiny_hybrid (persist kv, refits): zero every step; the fix off alone: not."""
     common = ["model=tiny_hybrid", "kv=persist", "rl.steps=3", *SMALL]

@@ -109,6 +109,7 @@ def test_mxfp8_batch_invariant_fp8_tensor_not():
 
 
 @pytest.mark.parametrize("flag", ["true", "false"])
+@pytest.mark.slow
 def test_engine_quant_cache_after_refit(flag):
     """The cache holds fake_quant(W) per Linear; a refit empties it (fix on) or not (off)."""
     cfg = make_cfg("+precision=mxfp8", *SMALL, f"fixes.quantized_weight_refresh={flag}")
@@ -143,6 +144,7 @@ def test_engine_quant_cache_after_refit(flag):
         assert (w is old[key]) is not refresh
 
 
+@pytest.mark.slow
 def test_stale_quantized_weights_after_refit(run_once):
     """Fix `quantized_weight_refresh` off: the engine keeps quantized weights of version 0,
     so step 0 is exact and every later step is not; on, every step is exact."""
@@ -159,6 +161,7 @@ def test_stale_quantized_weights_after_refit(run_once):
 
 @pytest.mark.parametrize("layout", ["colocated", "dedicated"])
 @pytest.mark.parametrize("model", ["tiny_dense", "tiny_moe"])
+@pytest.mark.slow
 def test_mxfp8_zero_every_step_while_learning(run_once, model, layout):
     """+precision=mxfp8: exactly zero at every step while the weights change (20-step
     runs are the same config with rl.steps=20 and the full batch)."""

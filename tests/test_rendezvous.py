@@ -7,6 +7,7 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
 import torch.distributed as dist
 from test_faults import generation_child, start, wait_for_step
 
@@ -53,6 +54,7 @@ def test_the_reader_sees_a_tcpstore_listen_on_every_interface():
         del store
 
 
+@pytest.mark.slow
 def test_a_dedicated_run_listens_on_loopback_only(tmp_path):
     run_dir = tmp_path / "run"
     proc = start(["+layout=dedicated", "rl.steps=500"], run_dir)

@@ -164,6 +164,7 @@ def _chromium(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
 
 
+@pytest.mark.slow
 def test_page_renders_its_plots_in_headless_chromium(sweep, tmp_path):
     """The page as a browser shows it, offline: the plots are drawn (look at report.png)."""
     if shutil.which("chromium") is None:

@@ -146,6 +146,7 @@ def test_common_settings_cert_verdicts_and_baseline_first(tmp_path):
     assert modes == ["step0-fp32", "step0-fp32", "step0"]
 
 
+@pytest.mark.slow
 def test_twenty_runs_stay_readable(tmp_path):
     root = tmp_path / "sweep"
     for i in range(20):

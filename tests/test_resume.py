@@ -20,6 +20,8 @@ from zkl.state.checkpoint_file import CHECKPOINT_FILE
 from zkl.tracking.errors import ERROR_FILE
 from zkl.tracking.wandb_reader import read_run_info
 
+pytestmark = pytest.mark.slow  # whole experiments: `pytest -m "not slow"` skips them
+
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["rl.prompts_per_step=2", "rl.samples_per_prompt=2", "tracking.dump_tokens=all"]
 STEPS = 6

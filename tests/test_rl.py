@@ -16,6 +16,8 @@ from zkl.tracking.run_log import read_metrics
 from zkl.tracking.wandb_reader import read_history, read_run_info
 from zkl.trainer.loss import clipped_pg_loss
 
+pytestmark = pytest.mark.slow  # whole experiments: `pytest -m "not slow"` skips them
+
 
 def _zero(row) -> bool:
     return row["train/max_abs_logprob_diff"] == 0.0 and row["train/gen_kl_error"] == 0.0

@@ -16,6 +16,8 @@ from zkl.errors import ConfigError
 from zkl.state import run_lock
 from zkl.state.checkpoint_file import CHECKPOINT_FILE
 
+pytestmark = pytest.mark.slow  # whole experiments: `pytest -m "not slow"` skips them
+
 REPO = Path(__file__).resolve().parent.parent
 ARGS = ["tracking.wandb.mode=disabled", "tracking.progress=false"]
 ARGS += ["rl.prompts_per_step=2", "rl.samples_per_prompt=2", "checkpoint.every=2"]

@@ -24,6 +24,8 @@ from zkl.report.tables import md_escape
 from zkl.rl.loop import TIMING_PREFIXES, run
 from zkl.tracking.wandb_reader import read_history, read_run_info
 
+pytestmark = pytest.mark.slow  # whole experiments: `pytest -m "not slow"` skips them
+
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["rl.prompts_per_step=2", "rl.samples_per_prompt=2", "tracking.progress=false"]
 ONE_BED = ["model=tiny_dense", "+layout=colocated"]

@@ -106,6 +106,7 @@ def test_attention_backward_matches_sdpa():
         torch.testing.assert_close(got, t.grad, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_attention_chunk_merges_agree_across_paths_tiles_and_splits():
     """Three chunks of 128 keys: prefill at two tile sizes, split decode with any number of
     chunks a program, and chunked prefill from the cache give one answer (SDPA's)."""
@@ -230,6 +231,7 @@ def test_gemm_tile_override_computes_the_same_product():
         assert (got - ref).abs().max() <= 0.05, config
 
 
+@pytest.mark.slow
 def test_fused_gumbel_argmax_is_the_torch_sampler():
     """The fused key-hash-noise-argmax pass picks torch's token: ragged vocab (no part or
     block divides it), rows split across parts, first-index ties (+inf twice), an all -inf

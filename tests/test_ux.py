@@ -62,6 +62,7 @@ def no_key_env(tmp_path: Path) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_wandb_online_without_a_key_is_refused_before_work(tmp_path):
     run_dir = tmp_path / "run"
     out = entry(
@@ -74,6 +75,7 @@ def test_wandb_online_without_a_key_is_refused_before_work(tmp_path):
     assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "tokens.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_wandb_online_unreachable_is_one_sentence_and_leaves_no_logs(tmp_path):
     run_dir = tmp_path / "run"
     env = {"WANDB_API_KEY": "a" * 40, "WANDB_BASE_URL": f"http://127.0.0.1:{closed_port()}"}
@@ -86,6 +88,7 @@ def test_wandb_online_unreachable_is_one_sentence_and_leaves_no_logs(tmp_path):
     assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "tokens.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_wandb_falls_back_to_offline_only_when_asked(tmp_path):
     run_dir = tmp_path / "run"
     out = entry(
@@ -120,6 +123,7 @@ def test_wandb_falls_back_to_offline_only_when_asked(tmp_path):
         (["+engine.name=native"], "engine.name is not a config key; use engine.backend"),
     ],
 )
+@pytest.mark.slow
 def test_hydras_errors_are_one_sentence(args, expected, tmp_path):
     out = entry("zkl", *args, f"hydra.run.dir={tmp_path}", f"hydra.sweep.dir={tmp_path}")
     assert out.returncode == 2
@@ -127,6 +131,7 @@ def test_hydras_errors_are_one_sentence(args, expected, tmp_path):
     assert MARK not in out.stderr
 
 
+@pytest.mark.slow
 def test_precision_and_layout_with_or_without_plus():
     for plain in (True, False):
         p = "" if plain else "+"
@@ -138,6 +143,7 @@ def test_precision_and_layout_with_or_without_plus():
     assert (job.precision.name, job.layout.name) == ("fp32", "dedicated")
 
 
+@pytest.mark.slow
 def test_a_sweep_files_plus_precision_still_works(tmp_path):
     (tmp_path / "mine.yaml").write_text(
         "defaults:\n  - config\n  - _self_\nhydra:\n  sweeper:\n    params:\n"
@@ -159,6 +165,7 @@ def test_a_sweep_files_plus_precision_still_works(tmp_path):
     assert names == {"bf16", "fp32"}
 
 
+@pytest.mark.slow
 def test_a_failing_multirun_job_is_its_sentence(tmp_path):
     out = entry(
         "zkl", "-m", "rl.steps=0,-1", "tracking.wandb.mode=disabled", f"hydra.sweep.dir={tmp_path}"
@@ -194,6 +201,7 @@ def test_cert_lists_the_fixes_from_the_registry():
         assert fix.name in out.stdout and fix.cause in out.stdout
 
 
+@pytest.mark.slow
 def test_wandb_reader_says_something(tmp_path):
     from zkl.tracking.run_log import RunLog
 

@@ -39,6 +39,14 @@ def small_model(moe: bool = False, seed: int = 3) -> torch.nn.Module:
     return build_model(cfg, torch.bfloat16, seed=seed)
 
 
+def fake_gpus(monkeypatch, count: int, free_bytes: int = 10**15) -> None:
+    """torch.cuda reporting `count` idle devices (nothing here touches a real one)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *device: (free_bytes, free_bytes))
+
+
 def make_cfg(*overrides: str, quiet: bool = True) -> ZklConfig:
     return compose([*(QUIET if quiet else []), *overrides])
 

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import make_cfg
+from conftest import fake_gpus, make_cfg
 
 from zkl import memory
 from zkl.device import generator_device
@@ -29,10 +29,7 @@ NCCL = ["+layout=dedicated", "layout.backend=nccl"]
 @pytest.fixture
 def two_gpus(monkeypatch):
     """torch.cuda reporting two idle devices (nothing here touches a real one)."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *device: (HUGE, HUGE))
+    fake_gpus(monkeypatch, 2)
 
 
 def one_sentence(*overrides: str) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_cfg
+from conftest import fake_gpus, make_cfg
 
 from zkl import invariance
 from zkl.errors import ConfigError
@@ -20,17 +20,13 @@ from zkl.run.compose import compose
 from zkl.run.validate import validate
 
 REPO = Path(__file__).resolve().parent.parent
-HUGE = 10**15
 CUDA = torch.device("cuda", 0)
 
 
 @pytest.fixture
 def one_gpu(monkeypatch):
     """torch.cuda reporting one idle device (nothing here touches a real one)."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *device: (HUGE, HUGE))
+    fake_gpus(monkeypatch, 1)
 
 
 def test_fixes_config_has_one_key_per_registered_fix():

@@ -34,7 +34,7 @@ def start(module: str, run_dir: Path, *overrides: str, env=None) -> subprocess.P
 def holder(run_dir: Path) -> subprocess.Popen:
     """A process that holds `run_dir`'s lock until killed."""
     code = (
-        "import sys, time; from zkl import run_lock; run_lock.acquire(sys.argv[1]); "
+        "import sys, time; from zkl.state import run_lock; run_lock.acquire(sys.argv[1]); "
         "print('held', flush=True); time.sleep(600)"
     )
     proc = subprocess.Popen(

@@ -4,8 +4,8 @@ A layer's (token, slot) pairs are grouped per expert by one stable sort of their
 the group offsets come from a search in the sorted ids, so they stay on the device and a
 decode step with MoE layers never waits on the host (the experts then run as one grouped
 GEMM, `zkl.ops.grouped_linear`). With `moe_combine_order` (`fixed`) each pair's result lands
-in its own fp32 row and a token adds its experts in top-k slot order; without it the results
-are scattered back with `index_add` in dispatch order, in the activation dtype.
+in its own fp32 row and a token adds its experts in top-k slot order; without it a token adds
+them in dispatch order, in the activation dtype, as one `index_add` per expert would.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from zkl.models.causal_lm import CausalLM
 from zkl.models.config import ModelConfig
 from zkl.models.fused import init_order
 from zkl.models.moe import combine, fixed_route, group_by_expert, run_experts
-from zkl.precision import linear_weight_and_input
+from zkl.precision import linear_weight_and_input, quantizes
 
 
 class Linear(nn.Module):
@@ -184,7 +184,7 @@ class SparseMoE(nn.Module):
         """Under a quantizing recipe each expert scales its own group's input (a per-tensor
         scale sees that group alone), so each expert runs as one call: a host read of the
         group sizes."""
-        return getattr(self.experts[0].down_proj, "quantize", None) is not None
+        return quantizes(self.experts[0])
 
     def grouped_experts(self, rows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """rows [P, H] grouped per expert at `offsets` -> each row through its expert."""

@@ -30,6 +30,24 @@ def test_decode_bytes_counts_weights_once_and_the_live_kv():
     assert decode_bytes(untied, 1, 0.0) == total - table + 2 * kv
 
 
+def test_moe_roofline_counts_the_experts_a_step_reads():
+    """An MoE step reads only the experts it routes to: the roofline's bytes drop by each
+    unread expert's weights, and the count comes from the router of a real decode step."""
+    cfg = make_cfg("model=tiny_moe", "model.max_position_embeddings=1024").model
+    model = build_model(cfg, torch.bfloat16, seed=1)
+    layers = [m for m in model.modules() if hasattr(m, "route") and hasattr(m, "experts")]
+    expert = sum(p.numel() * p.element_size() for p in layers[0].experts[0].parameters())
+    every = [cfg.num_experts] * len(layers)
+    assert decode_bytes(model, 2, 10.0, every) == decode_bytes(model, 2, 10.0)
+    one = [1] * len(layers)
+    saved = len(layers) * (cfg.num_experts - 1) * expert
+    assert decode_bytes(model, 2, 10.0, one) == decode_bytes(model, 2, 10.0) - saved
+    read = bench_cuda.experts_read(model, batch=3)
+    assert len(read) == len(layers)
+    top_k = cfg.num_experts_per_tok
+    assert all(top_k <= n <= min(cfg.num_experts, 3 * top_k) for n in read), read
+
+
 def test_gemm_shapes_and_table():
     cfg = make_cfg("model=qwen2_5_1_5b").model
     shapes = dict((name, (k, n)) for name, k, n in bench_gemm.gemm_shapes(cfg))
@@ -57,6 +75,20 @@ def test_cuda_table_on_a_tiny_model():
     assert out["train/zero/step_s"] > 0 and out["gemm/4096^3/zkl_tflops"] > 0
     assert "hf/skipped" in out or out["hf/b4/gen_tokens_per_s"] > 0
     assert "Self CUDA" in bench_cuda.profile_decode_step(model, 4, MODES["zero"])
+
+
+@pytest.mark.gpu
+def test_cuda_table_on_a_tiny_moe_model():
+    """An MoE model's table: generation with graphs in both modes, peak memory, the train
+    step and the roofline over the experts read; no dense GEMM tiles."""
+    cfg = make_cfg("model=tiny_moe", "model.max_position_embeddings=1024").model
+    model = build_model(cfg, torch.bfloat16, seed=1, device="cuda")
+    out = bench_cuda.run_cuda_bench(model, batches=(1, 4))
+    for batch in (1, 4):
+        assert out[f"gen/b{batch}/zero/graphs"] == 1 and out[f"gen/b{batch}/default/graphs"] == 1
+        assert out[f"gen/b{batch}/zero/peak_gib"] > 0
+        assert out[f"roofline/b{batch}/experts_read_per_layer"] >= cfg.num_experts_per_tok
+    assert out["train/zero/step_s"] > 0 and not any(k.startswith("gemm/") for k in out)
 
 
 @pytest.mark.gpu

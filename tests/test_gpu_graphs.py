@@ -103,9 +103,12 @@ def test_default_mode_graphs_capture_and_generate():
 
 
 def test_graphs_refused_or_skipped_where_decode_syncs():
-    moe = _model("tiny_moe")
-    with pytest.raises(ValueError, match="engine.cuda_graphs=on"):
-        GenerationEngine(moe, max_batch_size=4, eos_id=1, cuda_graphs="on")
+    """Where decode reads back to the host (MoE under a quantizing recipe, Mamba), `on` is
+    refused and `auto` decodes eagerly; a bf16 MoE decodes on the device and is captured."""
     auto = {"max_batch_size": 4, "eos_id": 1, "cuda_graphs": "auto"}
-    assert GenerationEngine(moe, **auto).decoder is None  # auto: eager where decode syncs
+    for syncs in (_model("tiny_moe", quant="mxfp8"), _model("tiny_hybrid")):
+        with pytest.raises(ValueError, match="engine.cuda_graphs=on"):
+            GenerationEngine(syncs, max_batch_size=4, eos_id=1, cuda_graphs="on")
+        assert GenerationEngine(syncs, **auto).decoder is None  # auto: eager where decode syncs
+    assert GenerationEngine(_model("tiny_moe"), **auto).decoder is not None
     assert GenerationEngine(_model(), **auto).decoder is not None

@@ -134,6 +134,9 @@ def test_graph_setting_is_checked_and_explained():
     assert "MoE" in graph_unsupported_reason(quantized.cfg, cpu, quantizes(quantized))
     hybrid = build_model(make_cfg("model=tiny_hybrid").model, torch.bfloat16, seed=1)
     assert "Mamba" in graph_unsupported_reason(hybrid.cfg, cpu)
+    megatron_moe = graph_unsupported_reason(moe.cfg, cpu, backend="megatron_local")
+    assert "megatron-core's MoE" in megatron_moe  # its token dispatcher reads sizes back
+    assert "CUDA device" in graph_unsupported_reason(dense.cfg, cpu, backend="megatron_local")
     with pytest.raises(ValueError, match="engine.cuda_graphs=on"):
         GenerationEngine(dense, max_batch_size=2, eos_id=None, cuda_graphs="on")
     with pytest.raises(ValueError, match="engine.cuda_graphs"):

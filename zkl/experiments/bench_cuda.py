@@ -7,15 +7,19 @@ One process, one set of seeded weights, the same requests for every mode. Rows:
   the candidate tiles (`bench_gemm`);
 - the decode step vs the memory roofline (`roofline`);
 - zkl generation vs transformers' `generate` (`bench_hf`), when transformers is installed.
+For an MoE model the table is generation at batches 16, 64 and 256 with peak memory, the
+train step and the roofline over the bytes of the experts a step actually reads (the dense
+GEMM tiles and transformers' dense comparison do not apply).
 Timings are medians of CUDA-event timed repeats after a warm-up.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import triton
@@ -41,6 +45,7 @@ from zkl.precision import weight_cache
 from zkl.trainer.scoring import sequence_logprobs
 
 BATCHES = (1, 16, 64, 256)
+MOE_BATCHES = (16, 64, 256)
 
 
 def generation(model: torch.nn.Module, batch: int, fixes: frozenset[str]) -> dict[str, object]:
@@ -67,6 +72,7 @@ def _generation(
             model, max_batch_size=batch, eos_id=None, sync_every=16, cuda_graphs=graphs
         )
         engine.generate(requests)  # capture and warm-up
+        torch.cuda.reset_peak_memory_stats()
         samples = []
         for _ in range(3):
             torch.cuda.synchronize()
@@ -81,6 +87,7 @@ def _generation(
         "gen_tokens_per_s": tokens / total,
         "decode_tokens_per_s": batch * steps / decode_s,
         "decode_step_ms": 1e3 * decode_s / steps,
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
     }
 
 
@@ -102,7 +109,7 @@ def train_step(model: torch.nn.Module, fixes: frozenset[str]) -> float:
 
 def run_cuda_bench(
     model: torch.nn.Module,
-    batches: tuple[int, ...] = BATCHES,
+    batches: tuple[int, ...] | None = None,
     checkpoint: Callable[[dict], None] | None = None,
 ) -> dict:
     """Every row of the CUDA table, as one flat dict (also the JSON written by zkl.bench).
@@ -111,6 +118,8 @@ def run_cuda_bench(
     still leaves the rows it measured.
     """
     save = checkpoint or (lambda partial: None)
+    moe = bool(model.cfg.num_experts)
+    batches = batches or (MOE_BATCHES if moe else BATCHES)
     out: dict[str, object] = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
@@ -130,6 +139,12 @@ def run_cuda_bench(
         out[f"train/{mode}/step_s"] = train_step(model, fixes)
     out["train/zero_over_default_time"] = out["train/zero/step_s"] / out["train/default/step_s"]
     save(out)
+    if moe:  # the dense GEMM tiles and transformers' dense model do not apply
+        for batch in batches:
+            if batch != hf_batch:
+                _generation_rows(out, model, batch, bandwidth)
+                save(out)
+        return out
     out.update(gemm_rows(model.cfg))
     save(out)
     try:
@@ -161,7 +176,10 @@ def _generation_rows(out: dict, model: torch.nn.Module, batch: int, bandwidth: f
     out[f"gen/b{batch}/zero_over_default"] = zero / default
     step_s = out[f"gen/b{batch}/zero/decode_step_ms"] / 1e3
     mean_keys = PROMPT_LEN + NEW_TOKENS / 2
-    roofline_s = decode_bytes(model, batch, mean_keys) / bandwidth
+    experts = experts_read(model, batch) if model.cfg.num_experts else None
+    if experts is not None:
+        out[f"roofline/b{batch}/experts_read_per_layer"] = sum(experts) / len(experts)
+    roofline_s = decode_bytes(model, batch, mean_keys, experts) / bandwidth
     out[f"roofline/b{batch}/step_ms"] = 1e3 * roofline_s
     out[f"roofline/b{batch}/zero_fraction"] = roofline_s / step_s
     default_step_s = out[f"gen/b{batch}/default/decode_step_ms"] / 1e3
@@ -170,11 +188,12 @@ def _generation_rows(out: dict, model: torch.nn.Module, batch: int, bandwidth: f
     torch.cuda.empty_cache()
 
 
-def profile_decode_step(model: torch.nn.Module, batch: int, fixes: frozenset[str]) -> str:
-    """A torch.profiler table of one eager decode step at `batch` rows (kernels by CUDA time).
-
-    Eager, not replayed, so the table names every kernel; the graph replay runs the same ones.
-    """
+def eager_decode_step(
+    model: torch.nn.Module, batch: int, fixes: frozenset[str], around: Callable
+) -> None:
+    """The bench's prompts prefilled at `batch` rows, three warm-up decode steps, then one
+    more inside the context manager `around()`: eager, so every kernel and module runs from
+    Python where a profiler or a hook sees it."""
     device = model.embed_tokens.weight.device
     requests = bench_requests(batch, model.cfg.vocab_size)
     engine = GenerationEngine(model, max_batch_size=batch, eos_id=None, cuda_graphs="off")
@@ -186,8 +205,42 @@ def profile_decode_step(model: torch.nn.Module, batch: int, fixes: frozenset[str
         rows = torch.arange(batch, device=device)
         for _ in range(3):  # compile and warm up
             decode_one_token(model, cache, state, rows, sampler)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+        sync()
+        with around():
             decode_one_token(model, cache, state, rows, sampler)
-            torch.cuda.synchronize()
+            sync()
+
+
+def profile_decode_step(model: torch.nn.Module, batch: int, fixes: frozenset[str]) -> str:
+    """A torch.profiler table of one eager decode step at `batch` rows (kernels by CUDA time).
+
+    Eager, not replayed, so the table names every kernel; the graph replay runs the same ones.
+    """
+    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    eager_decode_step(model, batch, fixes, lambda: prof)
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+
+
+def experts_read(model: torch.nn.Module, batch: int) -> list[int]:
+    """Per MoE layer, how many distinct experts one zero-mode decode step at `batch` rows
+    routes to: the experts whose weights that step must read."""
+    counts: list[int] = []
+
+    def count(layer: torch.nn.Module, args: tuple) -> None:
+        top_i, _ = layer.route(args[0].reshape(-1, args[0].shape[-1]))
+        counts.append(int(top_i.unique().numel()))
+
+    moe_layers = [m for m in model.modules() if hasattr(m, "route") and hasattr(m, "experts")]
+
+    @contextlib.contextmanager
+    def hooked() -> Iterator[None]:
+        handles = [m.register_forward_pre_hook(count) for m in moe_layers]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    eager_decode_step(model, batch, MODES["zero"], hooked)
+    return counts

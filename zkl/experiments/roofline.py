@@ -16,11 +16,20 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() * src.element_size() / seconds
 
 
-def decode_bytes(model: torch.nn.Module, batch: int, mean_keys: float) -> float:
+def decode_bytes(
+    model: torch.nn.Module, batch: int, mean_keys: float, experts_read: list[int] | None = None
+) -> float:
     """Bytes one decode step must move: every weight but the embedding's gathered rows, once,
-    plus each row's cached K/V up to its position and the new K/V it writes."""
+    plus each row's cached K/V up to its position and the new K/V it writes. For an MoE model
+    `experts_read` (per MoE layer, the distinct experts the step routes to) replaces each
+    layer's experts by those it reads."""
     cfg = model.cfg
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    if experts_read is not None:
+        moe_layers = [m for m in model.modules() if hasattr(m, "route") and hasattr(m, "experts")]
+        for layer, read in zip(moe_layers, experts_read, strict=True):
+            per_expert = sum(p.numel() * p.element_size() for p in layer.experts[0].parameters())
+            weights -= (len(layer.experts) - read) * per_expert
     if not cfg.tie_word_embeddings:  # the embedding table is only gathered, a row per token
         weights -= model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
     per_token_kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim

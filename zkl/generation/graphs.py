@@ -14,7 +14,8 @@ row's result cannot depend on the padding rows (batch invariance; the tests chec
 `torch.equal`); with them off, padding changes the batch the way any batch change does.
 
 Only models whose decode has no host sync are captured: Mamba layers branch on the host,
-and MoE layers under a quantizing recipe run one call per expert, so they decode eagerly
+and MoE layers under a quantizing recipe or megatron-core's MoE run one call per expert
+(or a host-sized token dispatch), so they decode eagerly
 (`engine.cuda_graphs=auto` says why in the log; `on` is refused by the config check, from
 the same rule: `graph_unsupported_reason` reads the model's config, not the built model).
 MoE layers otherwise group and run their experts on the device (`zkl.models.moe`) and are
@@ -61,16 +62,23 @@ def padded_rows(running: list[int], free: list[int], size: int) -> list[int]:
 
 
 def graph_unsupported_reason(
-    model: Any, device: torch.device, quantized: bool = False
+    model: Any, device: torch.device, quantized: bool = False, backend: str = "native"
 ) -> str | None:
     """None when the decode step of a model with config `model` (a ModelConfig) on `device`
     can be captured, else why not (one sentence); `quantized`: a precision recipe quantizes
-    the Linear layers (`precision.linear_quant`). The one rule: the config check refuses
-    `engine.cuda_graphs=on` with it before any model is built, the engine decides with it."""
+    the Linear layers (`precision.linear_quant`); `backend`: `engine.backend`. The one rule:
+    the config check refuses `engine.cuda_graphs=on` with it before any model is built, the
+    engine decides with it."""
     layers = range(model.num_hidden_layers)
     if model.family == "nemotron_h" and any(model.layer_kind(i) == "mamba" for i in layers):
         return "Mamba layers decide on the host which rows commit their chunk state"
-    if quantized and any(model.layer_is_moe(i) for i in layers):
+    moe = any(model.layer_is_moe(i) for i in layers)
+    if moe and backend != "native":
+        return (
+            f"megatron-core's MoE layers (engine.backend={backend}) read the expert group "
+            "sizes on the host"
+        )
+    if quantized and moe:
         return (
             "MoE layers under a quantizing precision recipe run one call per expert, reading "
             "the expert group sizes on the host"
@@ -80,7 +88,13 @@ def graph_unsupported_reason(
     return None
 
 
-def graphs_on(setting: object, model: Any, device: torch.device, quantized: bool = False) -> bool:
+def graphs_on(
+    setting: object,
+    model: Any,
+    device: torch.device,
+    quantized: bool = False,
+    backend: str = "native",
+) -> bool:
     """Whether decode runs in CUDA graphs under `engine.cuda_graphs=setting` for a model with
     config `model` on `device`: auto where the decode can be captured, on or ValueError, off.
     """
@@ -89,7 +103,7 @@ def graphs_on(setting: object, model: Any, device: torch.device, quantized: bool
         raise ValueError(f"engine.cuda_graphs={setting!r} must be auto, on or off.")
     if setting == "off":
         return False
-    reason = graph_unsupported_reason(model, device, quantized)
+    reason = graph_unsupported_reason(model, device, quantized, backend)
     if reason is None:
         return True
     if setting == "on":

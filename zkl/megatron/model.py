@@ -75,6 +75,11 @@ class MegatronLM(CausalLM):
         )
 
     @property
+    def backend(self) -> str:
+        """`engine.backend` of this model (the generation engine's graph rule reads it)."""
+        return self.engine
+
+    @property
     def embed_tokens(self) -> torch.nn.Module:
         """The embedding (the engine reads the model's device and dtype from its weight)."""
         return self.gpt.embedding.word_embeddings

@@ -120,7 +120,9 @@ def _check_graphs(cfg: ZklConfig, on_cuda: bool) -> None:
     if not on_cuda:
         raise ConfigError("engine.cuda_graphs=on needs device=cuda; use auto or off on the CPU.")
     quantized = cfg.precision.linear_quant != "none"
-    reason = graph_unsupported_reason(cfg.model, resolve_device(cfg.device), quantized)
+    reason = graph_unsupported_reason(
+        cfg.model, resolve_device(cfg.device), quantized, cfg.engine.backend
+    )
     if reason:
         raise ConfigError(
             f"engine.cuda_graphs=on cannot work with model={cfg.model.name}: {reason}; use "

@@ -243,7 +243,7 @@ class Policy:
         owned = (p for p in self.params if p not in self.replicated or world.is_main)
         own = [fsdp.local(p.grad).float().square().sum(dtype=torch.float64)
                for p in owned if p.grad is not None]  # fmt: skip
-        (grad_sq,) = world.sum([float(torch.stack(own).sum()) if own else 0.0])  # one read
+        (grad_sq,) = world.sum([host_sum(own)])
         grad_norm = grad_sq**0.5
         coef = min(self.cfg.rl.grad_clip / (grad_norm + 1e-6), 1.0)
         with torch.no_grad():
@@ -255,5 +255,14 @@ class Policy:
             after = self._forward_shards()
             moved = [(after[n].double() - before[n].double()).square().sum()
                      for n in self.owned_names]  # fmt: skip
-            update_sq += float(torch.stack(moved).sum()) if moved else 0.0
+            update_sq += host_sum(moved)
         return grad_norm, update_sq
+
+
+def host_sum(parts: list[torch.Tensor]) -> float:
+    """The sum of fp64 scalars as one Python float, one read per device: with host offload
+    the sharded parts live on the CPU and the replicated ones on the GPU."""
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for part in parts:
+        by_device.setdefault(part.device, []).append(part)
+    return sum((float(torch.stack(group).sum()) for group in by_device.values()), 0.0)

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Issue 21 on one H200, one call: the GPU tests the MoE work touches, then the CUDA table of
+# the Qwen3-30B-A3B cut (generation zero vs default with graphs at batch 16/64/256, peak
+# memory, the train step, the roofline over the experts read), then the dense 1.5B's
+# decode step at batch 64 in the same call (the MoE step's yardstick).
+#   OUT=/some/dir bash scripts/gpu_moe.sh        (TESTS_S, BENCH_S, DENSE_S bound each stage)
+set -uo pipefail
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+Q="tracking.wandb.mode=disabled tracking.progress=false"
+{
+  date -u +%FT%TZ
+  echo "zkl sources sha256 $(find zkl -name '*.py' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+} > "$OUT/env.txt" 2>&1
+if [ -n "${TESTS:-}" ]; then
+  timeout "${TESTS_S:-200}" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider $TESTS \
+    > "$OUT/pytest_gpu.log" 2>&1; echo "pytest rc=$?" >> "$OUT/pytest_gpu.log"
+fi
+timeout "${BENCH_S:-300}" python3 -m zkl.bench $Q device=cuda model=qwen3_30b_a3b \
+  model.num_hidden_layers=4 task.name=residue hydra.run.dir=/tmp/bench_moe > "$OUT/bench_moe.log" 2>&1
+echo "bench rc=$?" >> "$OUT/bench_moe.log"
+cp /tmp/bench_moe/bench.json "$OUT/bench_moe.json" 2>/dev/null
+timeout "${DENSE_S:-120}" python3 - > "$OUT/dense_b64.log" 2>&1 <<'PY'
+import json, torch
+from zkl.experiments.bench_cuda import _generation_rows
+from zkl.experiments.roofline import copy_bandwidth
+from zkl.models import build_model
+from zkl.run.compose import compose
+cfg = compose(["model=qwen2_5_1_5b", "task.name=residue", "device=cuda"]).model
+model = build_model(cfg, torch.bfloat16, seed=0, device="cuda")
+out = {}
+_generation_rows(out, model, 64, copy_bandwidth())
+print(json.dumps(out, indent=1))
+PY
+echo "dense rc=$?" >> "$OUT/dense_b64.log"

@@ -339,13 +339,21 @@ def _probe_inputs(
     return x, w
 
 
-def tiles_agree(depth: int, width: int, dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether every tile and form a (K, N) GEMM can get gives the fixed tile's bits here.
+def tiles_agree(
+    depth: int,
+    width: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    extra: tuple[Config, ...] = (),
+) -> bool:
+    """Whether every tile and form a (K, N) GEMM can get gives the fixed tile's bits here,
+    and the `extra` tiles too (pointer form: the grouped MoE kernel's own tiles).
 
-    Checked once per (K, N, dtype, device), eagerly on seeded inputs (never while a CUDA graph
-    is being captured: then the fixed tile is used and nothing is cached). fp32 has one tile.
+    Checked once per (K, N, dtype, device, extra), eagerly on seeded inputs (never while a
+    CUDA graph is being captured: then the fixed tile is used and nothing is cached). fp32
+    has one tile.
     """
-    key = (depth, width, dtype, str(device))
+    key = (depth, width, dtype, str(device), extra)
     if key in _AGREES:
         return _AGREES[key]
     if dtype == torch.float32:
@@ -354,11 +362,9 @@ def tiles_agree(depth: int, width: int, dtype: torch.dtype, device: torch.device
         return False
     x, w = _probe_inputs(depth, min(width, PROBE_COLS), dtype, device, seed=0)
     reference = _product(x, w, None, fixed_config(depth, width, dtype), tma=False)
-    agree = all(
-        torch.equal(_product(x, w, None, config, tma), reference)
-        for config in _candidates(depth, width, dtype)
-        for tma in (False, True)
-    )
+    forms = [(c, tma) for c in _candidates(depth, width, dtype) for tma in (False, True)]
+    forms += [(c, False) for c in extra]
+    agree = all(torch.equal(_product(x, w, None, c, tma), reference) for c, tma in forms)
     if not agree:
         warnings.warn(
             f"zkl: on this device the GEMM's bits follow its tile at K={depth}, N={width} "

@@ -32,6 +32,11 @@ from zkl.ops.triton.gemm import (
 )
 
 _TABLES: dict[tuple, torch.Tensor] = {}  # weight address tables, by (device, addresses)
+# Measured on an H200 (docs/benchmarks.md, scripts/grouped_tiles.py): while the groups are
+# decode-sized (a few rows an expert), 16-row tiles waste the least MMA work and read each
+# expert's weight at the highest rate; 1.5x faster than 64-row tiles at Qwen3-30B-A3B's shapes.
+SMALL_GROUPS = (16, 64, 128, 4, 4)
+SMALL_GROUP_ROWS = 64  # up to this mean group size, SMALL_GROUPS
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -204,11 +209,18 @@ def grouped_linear(
     rows of the same expert, whatever the other groups hold."""
     num_rows, depth = x.shape
     width = weights[0].shape[0]
-    if tiles_agree(depth, width, x.dtype, x.device):
-        config = config_for(num_rows, depth, width, x.dtype)
-    else:
+    config = group_tile(num_rows, len(weights), depth, width, x.dtype)
+    if not tiles_agree(depth, width, x.dtype, x.device, extra=(SMALL_GROUPS,)):
         config = fixed_config(depth, width, x.dtype)
     return _apply(x, weights, offsets, config)
+
+
+def group_tile(rows: int, num_experts: int, depth: int, width: int, dtype: torch.dtype) -> Config:
+    """The tile for `rows` rows over `num_experts` groups: 16-row tiles while the mean group
+    is decode-sized, else the dense GEMM's tile for that many rows."""
+    if dtype != torch.float32 and rows <= SMALL_GROUP_ROWS * num_experts:
+        return SMALL_GROUPS
+    return config_for(rows, depth, width, dtype)
 
 
 def grouped_linear_default(
@@ -217,4 +229,5 @@ def grouped_linear_default(
     """The default form (a fast engine's fused MoE GEMM): the tile follows the total row
     count, with no first-use check of what that does to a row's bits."""
     num_rows, depth = x.shape
-    return _apply(x, weights, offsets, config_for(num_rows, depth, weights[0].shape[0], x.dtype))
+    tile = group_tile(num_rows, len(weights), depth, weights[0].shape[0], x.dtype)
+    return _apply(x, weights, offsets, tile)

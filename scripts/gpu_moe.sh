@@ -2,8 +2,9 @@
 # Issue 21 on one H200, one call: the GPU tests the MoE work touches, then the CUDA table of
 # the Qwen3-30B-A3B cut (generation zero vs default with graphs at batch 16/64/256, peak
 # memory, the train step, the roofline over the experts read), then the dense 1.5B's
-# decode step at batch 64 in the same call (the MoE step's yardstick).
-#   OUT=/some/dir bash scripts/gpu_moe.sh        (TESTS_S, BENCH_S, DENSE_S bound each stage)
+# decode step at batch 64 in the same call (the MoE step's yardstick), then the Nemotron cut
+# (one layer of each kind) with graphs on: 10 GRPO steps, and its bench (zero vs default).
+#   OUT=/some/dir bash scripts/gpu_moe.sh   (TESTS_S, BENCH_S, DENSE_S, HYBRID_S bound stages)
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
@@ -36,3 +37,12 @@ _generation_rows(out, model, 64, copy_bandwidth())
 print(json.dumps(out, indent=1))
 PY
 echo "dense rc=$?" >> "$OUT/dense_b64.log"
+NH="model=nemotron3_nano_30b_a3b model.num_hidden_layers=3 model.hybrid_override_pattern=M*E"
+NHRUN="$Q $NH device=cuda task.name=residue engine.cuda_graphs=on checkpoint.save=false"
+timeout "${HYBRID_S:-90}" python3 -m zkl $NHRUN rl.steps=10 rl.prompts_per_step=4 \
+  sampling.max_new_tokens=16 hydra.run.dir=/tmp/nh10 > "$OUT/nemotron_10.log" 2>&1
+echo "nemotron run rc=$?" >> "$OUT/nemotron_10.log"
+python3 -c "import json;[print({k:v for k,v in json.loads(l).items() if 'logprob' in k or 'kl' in k or k=='step'}) for l in open('/tmp/nh10/metrics.jsonl')]" >> "$OUT/nemotron_10.log" 2>&1
+timeout "${HYBRID_S:-90}" python3 -m zkl.bench $NHRUN rl.prompts_per_step=8 rl.samples_per_prompt=8 engine.max_batch_size=64 \
+  sampling.max_new_tokens=64 hydra.run.dir=/tmp/nhbench > "$OUT/nemotron_bench.log" 2>&1
+echo "nemotron bench rc=$?" >> "$OUT/nemotron_bench.log"

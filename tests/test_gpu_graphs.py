@@ -40,9 +40,13 @@ def _same(a, b) -> None:
         assert x.tokens == y.tokens and torch.equal(x.logprobs, y.logprobs), x.request_id
 
 
-@pytest.mark.parametrize("top_k", [0, 5])
-def test_graphs_equal_eager_and_scoring_any_schedule(top_k):
-    model = _model()
+@pytest.mark.parametrize(
+    "name,top_k", [("tiny_dense", 0), ("tiny_dense", 5), ("tiny_moe", 0), ("tiny_hybrid", 0)]
+)
+def test_graphs_equal_eager_and_scoring_any_schedule(name, top_k):
+    """Dense, MoE (grouped experts on the device) and hybrid (the Mamba chunk commit on the
+    device): decode replayed from graphs == eager == scoring, bit for bit, with padding."""
+    model = _model(name)
     requests = _requests(23, top_k=top_k)
     with invariance.enabled(invariance.FIXES):
         eager = GenerationEngine(model, max_batch_size=1, eos_id=1, cuda_graphs="off")
@@ -103,12 +107,12 @@ def test_default_mode_graphs_capture_and_generate():
 
 
 def test_graphs_refused_or_skipped_where_decode_syncs():
-    """Where decode reads back to the host (MoE under a quantizing recipe, Mamba), `on` is
-    refused and `auto` decodes eagerly; a bf16 MoE decodes on the device and is captured."""
+    """Where decode reads back to the host (MoE under a quantizing recipe), `on` is refused
+    and `auto` decodes eagerly; bf16 MoE and hybrid decode on the device and are captured."""
     auto = {"max_batch_size": 4, "eos_id": 1, "cuda_graphs": "auto"}
-    for syncs in (_model("tiny_moe", quant="mxfp8"), _model("tiny_hybrid")):
+    for syncs in (_model("tiny_moe", quant="mxfp8"), _model("tiny_hybrid", quant="mxfp8")):
         with pytest.raises(ValueError, match="engine.cuda_graphs=on"):
             GenerationEngine(syncs, max_batch_size=4, eos_id=1, cuda_graphs="on")
         assert GenerationEngine(syncs, **auto).decoder is None  # auto: eager where decode syncs
-    assert GenerationEngine(_model("tiny_moe"), **auto).decoder is not None
-    assert GenerationEngine(_model(), **auto).decoder is not None
+    for name in ("tiny_dense", "tiny_moe", "tiny_hybrid"):
+        assert GenerationEngine(_model(name), **auto).decoder is not None, name

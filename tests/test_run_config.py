@@ -69,17 +69,21 @@ def test_the_old_engine_key_is_refused_naming_the_new_one():
 
 
 @pytest.mark.parametrize(
-    ("model", "precision", "reason"),
+    ("model", "precision", "extra", "reason"),
     [
-        ("tiny_moe", "mxfp8", "MoE layers under a quantizing precision recipe"),
-        ("tiny_hybrid", "bf16", "Mamba layers"),
+        ("tiny_moe", "mxfp8", [], "MoE layers under a quantizing precision recipe"),
+        ("tiny_hybrid", "mxfp8", [], "MoE layers under a quantizing precision recipe"),
     ],
 )
 def test_cuda_graphs_on_that_cannot_work_is_refused_before_work(
-    model, precision, reason, one_gpu, tmp_path
+    model, precision, extra, reason, one_gpu, tmp_path
 ):
     cfg = make_cfg(
-        f"model={model}", f"+precision={precision}", "device=cuda", "engine.cuda_graphs=on"
+        f"model={model}",
+        f"+precision={precision}",
+        "device=cuda",
+        "engine.cuda_graphs=on",
+        *extra,
     )
     with pytest.raises(ConfigError) as err:
         validate(cfg)

@@ -369,3 +369,29 @@ def test_grouped_gemm_backward():
     ).square().sum().backward()
     for grad, t in zip(got, (x, *weights)):
         torch.testing.assert_close(grad, t.grad, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("chunk", [8, 6])
+def test_ssd_commit_kernel_moves_only_the_filled_rows_with_the_train_paths_bits(chunk):
+    """The Mamba chunk commit on the device (`zkl.ops.triton.ssd`): the rows whose chunk filled
+    get the train path's `ssd.commit` bit for bit (elementwise fp32 and the same pairwise
+    tree, also over a chunk that is not a power of two), every other slot keeps its bits."""
+    from zkl.ops import ssd
+    from zkl.ops.triton import ssd as kernel
+
+    g = torch.Generator().manual_seed(3)
+    slots_n, heads, width, depth, rows = 6, 3, 10, 12, 4
+    state = torch.randn(slots_n, heads, width, depth, generator=g)
+    B = torch.randn(rows, 1, chunk, heads, depth, generator=g)
+    cum = -torch.rand(rows, 1, chunk, heads, generator=g).cumsum(2)
+    xdt = torch.randn(rows, 1, chunk, heads, width, generator=g)
+    slots = torch.tensor([3, 0, 5, 1])
+    full = torch.tensor([True, False, True, True])
+    want = state.clone()
+    want[slots[full]] = ssd.commit(state[slots[full]], B[full], cum[full], xdt[full])
+    got = state.clone()
+    to_end = torch.exp(cum[:, :, -1:] - cum)[:, 0]
+    kernel.commit_rows_(got, slots, full, B[:, 0], to_end, xdt[:, 0], torch.exp(cum[:, 0, -1]))
+    assert torch.equal(got, want)
+    assert torch.equal(got[[2, 4]], state[[2, 4]]) and torch.equal(got[0], state[0])
+    assert not torch.equal(got[3], state[3])  # the commit did run

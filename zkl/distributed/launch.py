@@ -97,6 +97,12 @@ def _rank_main(
     prefix = f"zkl: rank {env['RANK']} of {env['WORLD_SIZE']}"
     try:
         run(cfg, run_dir, progress)
+        # The run has closed its logs and left the process group. Skip the interpreter's
+        # teardown: a gloo or store thread still alive in C++ can abort it ("terminate called
+        # without an active exception", SIGABRT) and turn a finished rank into a failed one.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     except ConfigError as err:
         print(f"{prefix}: {err}", file=sys.stderr, flush=True)
         sys.exit(2)

@@ -13,13 +13,13 @@ marked done, so sampling leaves its state untouched, and its KV rows belong to n
 row's result cannot depend on the padding rows (batch invariance; the tests check it with
 `torch.equal`); with them off, padding changes the batch the way any batch change does.
 
-Only models whose decode has no host sync are captured: Mamba layers branch on the host,
-and MoE layers under a quantizing recipe or megatron-core's MoE run one call per expert
-(or a host-sized token dispatch), so they decode eagerly
+Only models whose decode has no host sync are captured: MoE layers under a quantizing
+recipe or megatron-core's MoE run one call per expert (or a host-sized token dispatch), so
+they decode eagerly
 (`engine.cuda_graphs=auto` says why in the log; `on` is refused by the config check, from
 the same rule: `graph_unsupported_reason` reads the model's config, not the built model).
-MoE layers otherwise group and run their experts on the device (`zkl.models.moe`) and are
-captured.
+MoE layers otherwise group and run their experts on the device (`zkl.models.moe`), and
+Mamba layers commit their chunk state on the device (`zkl.ops.ssd`): both are captured.
 """
 
 from __future__ import annotations
@@ -70,8 +70,6 @@ def graph_unsupported_reason(
     the config check refuses `engine.cuda_graphs=on` with it before any model is built, the
     engine decides with it."""
     layers = range(model.num_hidden_layers)
-    if model.family == "nemotron_h" and any(model.layer_kind(i) == "mamba" for i in layers):
-        return "Mamba layers decide on the host which rows commit their chunk state"
     moe = any(model.layer_is_moe(i) for i in layers)
     if moe and backend != "native":
         return (

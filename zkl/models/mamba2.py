@@ -26,6 +26,7 @@ from zkl import ops
 from zkl.invariance import is_enabled
 from zkl.models.config import ModelConfig
 from zkl.models.transformer import Linear
+from zkl.ops import ssd
 from zkl.ops.invariant import ordered_sum
 
 
@@ -80,13 +81,6 @@ def _off(C_rows, cum_rows, start) -> torch.Tensor:
     return ordered_sum(C_rows.unsqueeze(-2) * start.unsqueeze(2)) * torch.exp(cum_rows)[..., None]
 
 
-def _commit(h, B, cum, xdt) -> torch.Tensor:
-    """The state at a full chunk's end from the state h [b, H, P, N] at its start."""
-    to_end = torch.exp(cum[:, :, -1:] - cum)  # [b, 1, Q, H]
-    own = ordered_sum((B * to_end.unsqueeze(-1)).unsqueeze(-2) * xdt.unsqueeze(-1), dim=2)
-    return torch.exp(cum[:, 0, -1])[..., None, None] * h + own[:, 0]
-
-
 def _chunks(x, dt, B, C, A, chunk):
     b, length, H, P = x.shape
     n = length // chunk
@@ -117,7 +111,7 @@ def chunk_scan(
     states = [h0]
     for c in range(n):  # inter-chunk recurrence, one boundary at a time
         part = slice(c, c + 1)
-        states.append(_commit(states[-1], Bc[:, part], cum[:, part], xdt[:, part]))
+        states.append(ssd.commit(states[-1], Bc[:, part], cum[:, part], xdt[:, part]))
     states = torch.stack(states, dim=1)  # [b, n+1, H, P, N]
     y_off = _off(Cc, cum, states[:, :n])
     return (y_diag + y_off).reshape(b, length, H, P), states
@@ -129,14 +123,15 @@ def chunk_row(
     B: torch.Tensor,
     C: torch.Tensor,
     A: torch.Tensor,
-    h0: torch.Tensor,
+    state: torch.Tensor,
+    slots: torch.Tensor,
     row: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> torch.Tensor:
     """Decode form of `chunk_scan` for one chunk: only row `row` [b] of each batch row.
 
     The same pieces as the train path on the same values, so the row's bits are the
-    train path's. Returns y [b, H, P] and the state at the chunk's end for the rows whose
-    chunk is full (row == Q-1), else h0.
+    train path's. Returns y [b, H, P]; the state of each row whose chunk is full (row == Q-1)
+    moves to the chunk's end in place (`state[slots]`, [S, H, P, N]), on the device.
     """
     b, chunk, H, P = x.shape
     cum, xdt, Bc, Cc = _chunks(x, dt, B, C, A, chunk)
@@ -145,13 +140,9 @@ def chunk_row(
     cum_row = cum[pick, :, row].unsqueeze(2)  # [b, 1, 1, H]
     visible = torch.arange(chunk, device=x.device) <= row[:, None]  # [b, s]
     y = _intra(C_row, cum_row, visible[:, None, None, :, None], Bc, cum, xdt)
-    y = y + _off(C_row, cum_row, h0.unsqueeze(1))
-    full = row == chunk - 1
-    h = h0
-    if bool(full.any()):  # commit only the rows whose chunk just filled
-        h = h0.clone()
-        h[full] = _commit(h0[full], Bc[full], cum[full], xdt[full])
-    return y[:, 0, 0], h
+    y = y + _off(C_row, cum_row, state[slots].unsqueeze(1))
+    ssd.commit_rows_(state, slots, row == chunk - 1, Bc, cum, xdt)
+    return y[:, 0, 0]
 
 
 class GatedRMSNorm(nn.Module):
@@ -272,8 +263,7 @@ class Mamba2Mixer(nn.Module):
         buf[pick, row] = xbc[:, 0]
         buf_dt[pick, row] = dt[:, 0]
         x, B, C = self.split(buf)
-        y, h = chunk_row(x, buf_dt, B, C, A, cache.ssm[self.index, slots], row)
-        cache.ssm[self.index, slots] = h  # changed only where the chunk filled
+        y = chunk_row(x, buf_dt, B, C, A, cache.ssm[self.index], slots, row)
         cache.buf_xbc[self.index, slots] = buf
         cache.buf_dt[self.index, slots] = buf_dt
         return y.unsqueeze(1)  # [b, 1, H, P]

@@ -1,0 +1,45 @@
+"""The Mamba-2 (SSD) chunk commit: the state at a chunk's end from the state at its start.
+
+One definition for the train path's inter-chunk recurrence and for decode under
+`mamba_chunked_decode`, which commits a row's state only when its chunk fills. On the CPU
+the filled rows are picked on the host; on CUDA a Triton kernel reads the row flags on the
+device and updates the state in place (`zkl.ops.triton.ssd`), so a decode step holds no
+host sync and a CUDA graph can capture it, with the same bits.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from zkl.ops.invariant import ordered_sum
+
+
+def commit(h: torch.Tensor, B: torch.Tensor, cum: torch.Tensor, xdt: torch.Tensor) -> torch.Tensor:
+    """The state at a full chunk's end [b, H, P, N] from h [b, H, P, N] at its start; B [b, 1,
+    Q, H, N], cum [b, 1, Q, H] (cumulative dt * A), xdt [b, 1, Q, H, P], all fp32."""
+    to_end = torch.exp(cum[:, :, -1:] - cum)  # [b, 1, Q, H]
+    own = ordered_sum((B * to_end.unsqueeze(-1)).unsqueeze(-2) * xdt.unsqueeze(-1), dim=2)
+    return torch.exp(cum[:, 0, -1])[..., None, None] * h + own[:, 0]
+
+
+def commit_rows_(
+    state: torch.Tensor,
+    slots: torch.Tensor,
+    full: torch.Tensor,
+    B: torch.Tensor,
+    cum: torch.Tensor,
+    xdt: torch.Tensor,
+) -> None:
+    """state[slots[r]] <- `commit` of it over row r's chunk, for the rows r where full[r];
+    state [S, H, P, N] fp32, slots and full [b], the chunk tensors as `commit`'s."""
+    if state.is_cuda:
+        kernel = importlib.import_module("zkl.ops.triton.ssd")  # Triton: CUDA only
+        to_end = torch.exp(cum[:, :, -1:] - cum)  # torch's exp: the train path's bits
+        decay = torch.exp(cum[:, 0, -1])
+        kernel.commit_rows_(state, slots, full, B[:, 0], to_end[:, 0], xdt[:, 0], decay)
+        return
+    if bool(full.any()):  # the CPU picks the filled rows on the host
+        at = slots[full]
+        state[at] = commit(state[at], B[full], cum[full], xdt[full])

@@ -98,3 +98,20 @@ def test_tile_candidates_report_speed_and_bits():
     assert out["gemm/t/zkl_bitwise_fixed"] == 1.0  # the tile M picked has the fixed bits
     assert out["tiles/t/64x64x64x4x4/over_cublas"] > 0
     assert out["tiles/t/64x64x64x4x4/bitwise_equal"] == 1.0  # no split-K: the same bits
+
+
+def test_transformers_peer_of_the_bench_holds_the_same_weights():
+    """The bench's transformers row runs zkl's weights: fused q/k/v and gate/up are split back
+    into HF's projections, and HF's logits match zkl's (bf16, tolerance 2e-2)."""
+    pytest.importorskip("transformers")
+    from zkl.experiments.bench_hf import hf_model
+
+    cfg = ModelConfig(family="qwen2", tie_word_embeddings=True, qk_norm=False, qkv_bias=True)
+    model = build_model(cfg, torch.bfloat16, seed=1)
+    hf = hf_model(model)
+    assert not isinstance(hf, str), hf
+    tokens = torch.randint(0, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = model(tokens, torch.arange(12).expand(2, 12)).float()
+        theirs = hf(tokens).logits.float()
+    torch.testing.assert_close(theirs, ours, rtol=2e-2, atol=2e-2)

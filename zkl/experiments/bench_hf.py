@@ -10,6 +10,7 @@ import torch
 
 from zkl.experiments.timing import cuda_time
 from zkl.experiments.workload import NEW_TOKENS, bench_requests
+from zkl.models.hf_checkpoint import to_hf
 
 
 def hf_generate(model: torch.nn.Module, batch: int) -> dict[str, float] | str:
@@ -17,6 +18,31 @@ def hf_generate(model: torch.nn.Module, batch: int) -> dict[str, float] | str:
 
     A string says why it was skipped.
     """
+    hf = hf_model(model)
+    if isinstance(hf, str):
+        return hf
+    import transformers  # optional: hf_model has imported it
+
+    cfg = model.cfg
+    device = model.embed_tokens.weight.device
+    requests = bench_requests(batch, cfg.vocab_size)
+    ids = torch.tensor([r.prompt for r in requests], device=device)
+    kwargs = dict(
+        max_new_tokens=NEW_TOKENS,
+        min_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        cache_implementation="static",
+        disable_compile=True,  # a compile would not fit the benchmark's time budget
+        pad_token_id=0,
+    )
+    with torch.no_grad():
+        seconds = cuda_time(lambda: hf.generate(ids, **kwargs), repeats=2, warmup=1)
+    return {"gen_tokens_per_s": batch * NEW_TOKENS / seconds, "version": transformers.__version__}
+
+
+def hf_model(model: torch.nn.Module) -> torch.nn.Module | str:
+    """transformers' Qwen2ForCausalLM holding zkl's weights (q/k/v and gate/up split back
+    into HF's projections), on the model's device in bf16; a string says why not."""
     try:
         import transformers  # optional: not a zkl dependency
     except ImportError:
@@ -36,27 +62,14 @@ def hf_generate(model: torch.nn.Module, batch: int) -> dict[str, float] | str:
         max_position_embeddings=cfg.max_position_embeddings,
         tie_word_embeddings=cfg.tie_word_embeddings,
     )
-    device = model.embed_tokens.weight.device
-    with torch.device(device):
+    with torch.device(model.embed_tokens.weight.device):
         hf = transformers.Qwen2ForCausalLM(hf_cfg).to(torch.bfloat16).eval()
     state = {
         (name if name.startswith("lm_head") else f"model.{name}"): p
-        for name, p in model.state_dict().items()
+        for name, p in to_hf(model.state_dict(), cfg).items()
     }
     missing, unexpected = hf.load_state_dict(state, strict=False)
     missing = [m for m in missing if not (cfg.tie_word_embeddings and m == "lm_head.weight")]
     if missing or unexpected:
         return f"weights do not map onto transformers' Qwen2: {(missing + unexpected)[:3]}"
-    requests = bench_requests(batch, cfg.vocab_size)
-    ids = torch.tensor([r.prompt for r in requests], device=device)
-    kwargs = dict(
-        max_new_tokens=NEW_TOKENS,
-        min_new_tokens=NEW_TOKENS,
-        do_sample=False,
-        cache_implementation="static",
-        disable_compile=True,  # a compile would not fit the benchmark's time budget
-        pad_token_id=0,
-    )
-    with torch.no_grad():
-        seconds = cuda_time(lambda: hf.generate(ids, **kwargs), repeats=2, warmup=1)
-    return {"gen_tokens_per_s": batch * NEW_TOKENS / seconds, "version": transformers.__version__}
+    return hf

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 21 on one H200, one call: the GPU tests the MoE work touches, then the CUDA table of
-# the Qwen3-30B-A3B cut (generation zero vs default with graphs at batch 16/64/256, peak
+# Issue 21 on one H200, one call: the CUDA table of the Qwen3-30B-A3B cut (generation zero vs default with graphs at batch 16/64/256, peak
 # memory, the train step, the roofline over the experts read), then the dense 1.5B's
 # decode step at batch 64 in the same call (the MoE step's yardstick), then the Nemotron cut
-# (one layer of each kind) with graphs on: 10 GRPO steps, and its bench (zero vs default).
+# (one layer of each kind) with graphs on: 10 GRPO steps, and its bench (zero vs default);
+# last, the GPU tests named in TESTS.
 #   OUT=/some/dir bash scripts/gpu_moe.sh   (TESTS_S, BENCH_S, DENSE_S, HYBRID_S bound stages)
 set -uo pipefail
 OUT=${OUT:-gpu_out}
@@ -16,10 +16,6 @@ Q="tracking.wandb.mode=disabled tracking.progress=false"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } > "$OUT/env.txt" 2>&1
-if [ -n "${TESTS:-}" ]; then
-  timeout "${TESTS_S:-200}" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider $TESTS \
-    > "$OUT/pytest_gpu.log" 2>&1; echo "pytest rc=$?" >> "$OUT/pytest_gpu.log"
-fi
 timeout "${BENCH_S:-300}" python3 -m zkl.bench $Q device=cuda model=qwen3_30b_a3b \
   model.num_hidden_layers=4 task.name=residue hydra.run.dir=/tmp/bench_moe > "$OUT/bench_moe.log" 2>&1
 echo "bench rc=$?" >> "$OUT/bench_moe.log"
@@ -46,3 +42,7 @@ python3 -c "import json;[print({k:v for k,v in json.loads(l).items() if 'logprob
 timeout "${HYBRID_S:-90}" python3 -m zkl.bench $NHRUN rl.prompts_per_step=8 rl.samples_per_prompt=8 engine.max_batch_size=64 \
   sampling.max_new_tokens=64 hydra.run.dir=/tmp/nhbench > "$OUT/nemotron_bench.log" 2>&1
 echo "nemotron bench rc=$?" >> "$OUT/nemotron_bench.log"
+if [ -n "${TESTS:-}" ]; then  # last: the figures come back even if the tests run out of time
+  timeout "${TESTS_S:-200}" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider $TESTS \
+    > "$OUT/pytest_gpu.log" 2>&1; echo "pytest rc=$?" >> "$OUT/pytest_gpu.log"
+fi

@@ -57,8 +57,8 @@ def _commit_kernel(
                 x = tl.load(xdt_ptr + ((row * Q + s) * H + head) * P + p, mask=s_ok, other=0.0)
                 terms = x[:, None] * bt  # [QP, BLOCK_N]
                 for level in tl.static_range(LEVELS):  # the pairwise tree: first half + second
-                    half: tl.constexpr = QP >> (level + 1)
-                    pair = tl.permute(tl.reshape(terms, (2, half, BLOCK_N)), (1, 2, 0))
+                    halves = tl.reshape(terms, (2, QP >> (level + 1), BLOCK_N))
+                    pair = tl.permute(halves, (1, 2, 0))
                     first, second = tl.split(pair)
                     terms = first + second
                 own = tl.reshape(terms, (BLOCK_N,))

@@ -6,12 +6,7 @@ OUT=${OUT:-gpu_out}
 STAGES=${STAGES:-"tests attn eager"}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-{
-  date -u +%FT%TZ
-  echo "zkl sources sha256 $(find zkl -name '*.py' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)"
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-} > "$OUT/env.txt" 2>&1
+bash scripts/gpu_env.sh "$OUT"
 for stage in $STAGES; do
   case $stage in
     tests)

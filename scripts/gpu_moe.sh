@@ -11,12 +11,7 @@ OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 Q="tracking.wandb.mode=disabled tracking.progress=false"
-{
-  date -u +%FT%TZ
-  echo "zkl sources sha256 $(find zkl -name '*.py' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)"
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-} > "$OUT/env.txt" 2>&1
+bash scripts/gpu_env.sh "$OUT"
 timeout "${BENCH_S:-300}" python3 -m zkl.bench $Q device=cuda model=qwen3_30b_a3b \
   model.num_hidden_layers=4 task.name=residue hydra.run.dir=/tmp/bench_moe > "$OUT/bench_moe.log" 2>&1
 echo "bench rc=$?" >> "$OUT/bench_moe.log"

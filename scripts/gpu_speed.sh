@@ -9,14 +9,7 @@ OUT=${OUT:-gpu_out}
 mkdir -p "$OUT/bench"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 Q="tracking.wandb.mode=disabled tracking.progress=false"
-{
-  date -u +%FT%TZ
-  git rev-parse HEAD 2>/dev/null  # the copy's .git can be older than its files: hash them too
-  echo "zkl sources sha256 $(find zkl -name '*.py' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)"
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-  python3 -c "import transformers; print('transformers', transformers.__version__)" 2>&1
-} > "$OUT/env.txt" 2>&1
+bash scripts/gpu_env.sh "$OUT"
 # per file, so a copy whose total hash differs from the checkout's shows which file differs
 find zkl -name '*.py' | LC_ALL=C sort | xargs sha256sum > "$OUT/sources.sha256"
 

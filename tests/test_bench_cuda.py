@@ -11,7 +11,7 @@ from zkl.models import ModelConfig, build_model
 
 pytest.importorskip("triton")
 from zkl.experiments import bench_cuda, bench_gemm  # noqa: E402
-from zkl.experiments.roofline import decode_bytes  # noqa: E402
+from zkl.experiments.roofline import decode_bytes, moe_layers  # noqa: E402
 from zkl.experiments.timing import format_table  # noqa: E402
 from zkl.experiments.workload import MODES, NEW_TOKENS, PROMPT_LEN, bench_requests  # noqa: E402
 
@@ -35,7 +35,7 @@ def test_moe_roofline_counts_the_experts_a_step_reads():
     unread expert's weights, and the count comes from the router of a real decode step."""
     cfg = make_cfg("model=tiny_moe", "model.max_position_embeddings=1024").model
     model = build_model(cfg, torch.bfloat16, seed=1)
-    layers = [m for m in model.modules() if hasattr(m, "route") and hasattr(m, "experts")]
+    layers = moe_layers(model)
     expert = sum(p.numel() * p.element_size() for p in layers[0].experts[0].parameters())
     every = [cfg.num_experts] * len(layers)
     assert decode_bytes(model, 2, 10.0, every) == decode_bytes(model, 2, 10.0)

@@ -28,7 +28,7 @@ from torch.profiler import ProfilerActivity, profile
 from zkl import invariance
 from zkl.experiments.bench_gemm import gemm_rows
 from zkl.experiments.bench_hf import hf_generate
-from zkl.experiments.roofline import copy_bandwidth, decode_bytes
+from zkl.experiments.roofline import copy_bandwidth, decode_bytes, moe_layers
 from zkl.experiments.timing import cuda_time
 from zkl.experiments.workload import (
     MODES,
@@ -132,39 +132,40 @@ def run_cuda_bench(
     # The figures the speed goals are set at first (batch 64, train step, GEMMs with the tile
     # candidates beside them, transformers), the other batch sizes last, so a time-boxed run
     # that is cut short still leaves those.
-    hf_batch = 64 if 64 in batches else batches[-1]
-    _generation_rows(out, model, hf_batch, bandwidth)
+    first_batch = 64 if 64 in batches else batches[-1]
+    _generation_rows(out, model, first_batch, bandwidth)
     save(out)
     for mode, fixes in MODES.items():
         out[f"train/{mode}/step_s"] = train_step(model, fixes)
     out["train/zero_over_default_time"] = out["train/zero/step_s"] / out["train/default/step_s"]
     save(out)
-    if moe:  # the dense GEMM tiles and transformers' dense model do not apply
-        for batch in batches:
-            if batch != hf_batch:
-                _generation_rows(out, model, batch, bandwidth)
-                save(out)
-        return out
-    out.update(gemm_rows(model.cfg))
-    save(out)
+    if not moe:  # the dense GEMM tiles and transformers' dense model
+        out.update(gemm_rows(model.cfg))
+        save(out)
+        out.update(_hf_rows(out, model, first_batch))
+        save(out)
+    for batch in batches:
+        if batch != first_batch:
+            _generation_rows(out, model, batch, bandwidth)
+            save(out)
+    return out
+
+
+def _hf_rows(out: dict, model: torch.nn.Module, batch: int) -> dict[str, object]:
+    """transformers' `generate` at `batch` beside zkl's zero-mode rate in `out`."""
     try:
-        hf = hf_generate(model, hf_batch)
+        hf = hf_generate(model, batch)
     except Exception as exc:  # noqa: BLE001 - a peer's failure is a row, not the table's end
         print(f"zkl.bench: transformers' generate failed: {exc!r}", file=sys.stderr)
         hf = f"failed: {exc!r}"
     if isinstance(hf, str):
-        out["hf/skipped"] = hf
-    else:
-        out[f"hf/b{hf_batch}/gen_tokens_per_s"] = hf["gen_tokens_per_s"]
-        out["hf/version"] = hf["version"]
-        zkl_rate = out[f"gen/b{hf_batch}/zero/gen_tokens_per_s"]
-        out[f"hf/b{hf_batch}/zkl_zero_over_hf"] = zkl_rate / hf["gen_tokens_per_s"]
-    save(out)
-    for batch in batches:
-        if batch != hf_batch:
-            _generation_rows(out, model, batch, bandwidth)
-            save(out)
-    return out
+        return {"hf/skipped": hf}
+    zkl_rate = out[f"gen/b{batch}/zero/gen_tokens_per_s"]
+    return {
+        f"hf/b{batch}/gen_tokens_per_s": hf["gen_tokens_per_s"],
+        "hf/version": hf["version"],
+        f"hf/b{batch}/zkl_zero_over_hf": zkl_rate / hf["gen_tokens_per_s"],
+    }
 
 
 def _generation_rows(out: dict, model: torch.nn.Module, batch: int, bandwidth: float) -> None:
@@ -189,7 +190,10 @@ def _generation_rows(out: dict, model: torch.nn.Module, batch: int, bandwidth: f
 
 
 def eager_decode_step(
-    model: torch.nn.Module, batch: int, fixes: frozenset[str], around: Callable
+    model: torch.nn.Module,
+    batch: int,
+    fixes: frozenset[str],
+    around: Callable[[], contextlib.AbstractContextManager],
 ) -> None:
     """The bench's prompts prefilled at `batch` rows, three warm-up decode steps, then one
     more inside the context manager `around()`: eager, so every kernel and module runs from
@@ -231,11 +235,9 @@ def experts_read(model: torch.nn.Module, batch: int) -> list[int]:
         top_i, _ = layer.route(args[0].reshape(-1, args[0].shape[-1]))
         counts.append(int(top_i.unique().numel()))
 
-    moe_layers = [m for m in model.modules() if hasattr(m, "route") and hasattr(m, "experts")]
-
     @contextlib.contextmanager
     def hooked() -> Iterator[None]:
-        handles = [m.register_forward_pre_hook(count) for m in moe_layers]
+        handles = [m.register_forward_pre_hook(count) for m in moe_layers(model)]
         try:
             yield
         finally:

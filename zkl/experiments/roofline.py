@@ -16,6 +16,11 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() * src.element_size() / seconds
 
 
+def moe_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's MoE blocks (those with a router and experts), in layer order."""
+    return [m for m in model.modules() if hasattr(m, "route") and hasattr(m, "experts")]
+
+
 def decode_bytes(
     model: torch.nn.Module, batch: int, mean_keys: float, experts_read: list[int] | None = None
 ) -> float:
@@ -26,8 +31,7 @@ def decode_bytes(
     cfg = model.cfg
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     if experts_read is not None:
-        moe_layers = [m for m in model.modules() if hasattr(m, "route") and hasattr(m, "experts")]
-        for layer, read in zip(moe_layers, experts_read, strict=True):
+        for layer, read in zip(moe_layers(model), experts_read, strict=True):
             per_expert = sum(p.numel() * p.element_size() for p in layer.experts[0].parameters())
             weights -= (len(layer.experts) - read) * per_expert
     if not cfg.tie_word_embeddings:  # the embedding table is only gathered, a row per token

@@ -95,8 +95,8 @@ class GenerationEngine:
 
     def _graph_decoder(self, setting: str) -> BucketedDecode | None:
         """`engine.cuda_graphs`: auto = on where the model's decode can be captured."""
-        backend = getattr(self.model, "backend", "native")  # MegatronLM names its engine
-        if not graphs_on(setting, self.model.cfg, self.device, quantizes(self.model), backend):
+        model = self.model
+        if not graphs_on(setting, model.cfg, self.device, quantizes(model), model.backend):
             return None
         return BucketedDecode(self.max_batch_size, capture=True)
 

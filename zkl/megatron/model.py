@@ -65,7 +65,7 @@ class MegatronLM(CausalLM):
     def __init__(self, cfg: ModelConfig, engine: str, compute_dtype: torch.dtype):
         super().__init__()
         self.cfg = cfg
-        self.engine = engine
+        self.backend = engine  # engine.backend: which megatron-core spec built it
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
         self.step = Step(rope=self.rope)
         self.gpt = GPTModel(
@@ -73,11 +73,6 @@ class MegatronLM(CausalLM):
             transformer_layer_spec=block_spec(cfg, engine, self.step),
             **gpt_model_kwargs(cfg),
         )
-
-    @property
-    def backend(self) -> str:
-        """`engine.backend` of this model (the generation engine's graph rule reads it)."""
-        return self.engine
 
     @property
     def embed_tokens(self) -> torch.nn.Module:

@@ -15,6 +15,8 @@ class CausalLM(nn.Module):
     computes the head itself; `make_cache` is overridden by models with more than K/V.
     """
 
+    backend = "native"  # `engine.backend` that built it (the engine's graph rule reads it)
+
     def forward(
         self,
         tokens: torch.Tensor,

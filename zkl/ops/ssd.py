@@ -16,12 +16,18 @@ import torch
 from zkl.ops.invariant import ordered_sum
 
 
+def decays(cum: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """From cum [b, 1, Q, H] (cumulative dt * A): each position's decay to the chunk's end
+    [b, 1, Q, H] and the whole chunk's [b, H]; torch's exp on every path (the same bits)."""
+    return torch.exp(cum[:, :, -1:] - cum), torch.exp(cum[:, 0, -1])
+
+
 def commit(h: torch.Tensor, B: torch.Tensor, cum: torch.Tensor, xdt: torch.Tensor) -> torch.Tensor:
     """The state at a full chunk's end [b, H, P, N] from h [b, H, P, N] at its start; B [b, 1,
     Q, H, N], cum [b, 1, Q, H] (cumulative dt * A), xdt [b, 1, Q, H, P], all fp32."""
-    to_end = torch.exp(cum[:, :, -1:] - cum)  # [b, 1, Q, H]
+    to_end, decay = decays(cum)
     own = ordered_sum((B * to_end.unsqueeze(-1)).unsqueeze(-2) * xdt.unsqueeze(-1), dim=2)
-    return torch.exp(cum[:, 0, -1])[..., None, None] * h + own[:, 0]
+    return decay[..., None, None] * h + own[:, 0]
 
 
 def commit_rows_(
@@ -36,8 +42,7 @@ def commit_rows_(
     state [S, H, P, N] fp32, slots and full [b], the chunk tensors as `commit`'s."""
     if state.is_cuda:
         kernel = importlib.import_module("zkl.ops.triton.ssd")  # Triton: CUDA only
-        to_end = torch.exp(cum[:, :, -1:] - cum)  # torch's exp: the train path's bits
-        decay = torch.exp(cum[:, 0, -1])
+        to_end, decay = decays(cum)
         kernel.commit_rows_(state, slots, full, B[:, 0], to_end[:, 0], xdt[:, 0], decay)
         return
     if bool(full.any()):  # the CPU picks the filled rows on the host

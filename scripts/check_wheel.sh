@@ -13,8 +13,9 @@ trap 'rm -rf "$work"' EXIT
 unset PYTHONPATH
 export WANDB_MODE=disabled WANDB_SILENT=true
 
+staged=$([[ -e "$repo/build" ]] && echo kept || echo made)
 python -m pip wheel -q --no-deps --no-build-isolation -w "$work/dist" "$repo"
-rm -rf "$repo/build"  # setuptools' staging folder, not part of the checkout
+[[ $staged == kept ]] || rm -rf "$repo/build"  # setuptools' staging folder, made just now
 python -m venv --system-site-packages "$work/venv"
 py="$work/venv/bin/python"
 "$py" -m pip install -q --disable-pip-version-check -c "$repo/constraints/cpu.txt" \
@@ -30,7 +31,7 @@ esac
 tiny=(tracking.progress=false rl.prompts_per_step=2 rl.samples_per_prompt=2)
 step() { echo "check_wheel: $*" && "$@"; }
 step "$py" -m zkl rl.steps=1 "${tiny[@]}"
-step "$py" -m zkl.cert
+step "$py" -m zkl.cert "${tiny[@]}"
 step "$py" -m zkl.bench "${tiny[@]}"
 echo "check_wheel: $py -m zkl --help"
 help="$("$py" -m zkl --help)"

@@ -5,7 +5,7 @@
 # downloaded again), but zkl itself must come from the wheel: the script checks zkl.__file__.
 # Runs the entry points with tiny settings: one GRPO step, the step-0 certificate, a small
 # bench, --help's groups, and a sweep of the installed sweeps. Exit 1 at the first failure.
-#   bash scripts/check_wheel.sh   # 52 s of CPU time on the 2-core machine (3 min wall beside other jobs)
+#   bash scripts/check_wheel.sh   # 50-80 s of CPU time on the 2-core machine (3-6 min wall beside other jobs)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 work="$(mktemp -d)"

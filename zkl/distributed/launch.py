@@ -90,6 +90,13 @@ def leave(world: distributed.World, finished: bool) -> None:
     distributed.shutdown()
 
 
+def _exit_flushed() -> None:
+    """End a finished rank at once, its output flushed (os._exit skips Python's own flush)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def _rank_main(
     run: RunFn, cfg: Any, run_dir: str, progress: bool | None, env: dict[str, str]
 ) -> None:
@@ -104,7 +111,7 @@ def _rank_main(
         # interpreter's teardown: a gloo or store thread still alive in C++ can abort it
         # ("terminate called without an active exception", SIGABRT) and turn a finished rank
         # into a failed one. The first exit handler to run is the last registered: this one.
-        atexit.register(os._exit, 0)
+        atexit.register(_exit_flushed)
     except ConfigError as err:
         print(f"{prefix}: {err}", file=sys.stderr, flush=True)
         sys.exit(2)

@@ -18,7 +18,8 @@ from omegaconf import OmegaConf
 from zkl.errors import ConfigError
 from zkl.report import page, wandb_report
 from zkl.report.__main__ import main
-from zkl.report.runs import discover, sweep_axes
+from zkl.report.axes import sweep_axes
+from zkl.report.runs import discover
 from zkl.report.tables import ablation, md_escape
 from zkl.tracking.errors import record_error
 from zkl.tracking.run_log import RunLog
@@ -64,7 +65,7 @@ def test_tables_match_the_runs_files(sweep):
     assert status == {"0": "complete", "1": "complete", "2": "complete", "3": "failed"} | {
         "4": "incomplete"
     }
-    assert sweep_axes(sources.runs) == ["model.name", "sampling.max_new_tokens", "seed", "fixes"]
+    assert sweep_axes(sources.runs) == ["model.name", "seed", "sampling.max_new_tokens", "fixes"]
     assert main([str(sweep)]) == 0
     tables = parse_tables((sweep / "report.html").read_text())
     rows = {row["run"][0]: row for row in tables["runs"]}
@@ -82,7 +83,7 @@ def test_tables_match_the_runs_files(sweep):
     assert tables["bench"][0]["gen tok/s zero"][1] == 900.0
     md = (sweep / "report.md").read_text()
     assert md_escape(BAD) in md and "### Runs" in md and "### Throughput" in md
-    row = "| 2 | tiny\\_moe | 6 | 0 | -logprob\\_path | complete | 3 | 4e-05 | 4e-05 | 5e-05 |"
+    row = "| 2 | 4e-05 | 4e-05 | 5e-05 | 0 | tiny\\_moe | 0 | 6 | -logprob\\_path | complete | 3 |"
     assert row in md
 
 
@@ -91,11 +92,13 @@ def test_zero_band_keeps_every_zero(sweep):
     traces = {}
     for trace in fig.data:
         traces.setdefault(trace.name, []).append(trace)
-    assert sorted(traces) == ["0 tiny_dense/6/0/all on", "1 tiny_moe/6/0/all on"] + [
-        "2 tiny_moe/6/0/-logprob_path",
-        "4 tiny_dense/6/1/all on",
+    assert sorted(traces) == [  # the axes' values only; seed and max_new_tokens differ
+        "tiny_dense seed=0 max_new_tokens=6 all on",
+        "tiny_dense seed=1 max_new_tokens=6 all on",
+        "tiny_moe seed=0 max_new_tokens=6 -logprob_path",
+        "tiny_moe seed=0 max_new_tokens=6 all on",
     ]
-    top, band = traces["1 tiny_moe/6/0/all on"]
+    top, band = traces["tiny_moe seed=0 max_new_tokens=6 all on"]
     assert list(band.x) == [0, 2] and list(top.y) == [None, 1e-7, None]
     assert fig.layout.yaxis.type == "log"
     assert list(fig.layout.yaxis2.ticktext) == ["exactly 0"]
@@ -116,7 +119,7 @@ def test_page_opens_offline(sweep, tmp_path):
     assert main([str(sweep / "0"), str(sweep / "2"), "--out", str(out)]) == 0
     html = out.read_text()
     assert not re.search(r"<script[^>]+src=", html)  # no script fetched from anywhere
-    assert html.count("Plotly.newPlot(") == 1 and "plotly.js v" in html
+    assert html.count("Plotly.newPlot(") == 2 and "plotly.js v" in html  # KL, reward
     names = [r["run"][0] for r in parse_tables(html)["runs"]]
     assert sorted(names) == ["0", "2"] or sorted(names) == sorted(
         [f"{sweep.name}/0", f"{sweep.name}/2"]

@@ -93,6 +93,12 @@ def short(axis: str) -> str:
     return group.rpartition(".")[2] if leaf in ("name", "mode") and group else leaf
 
 
+def headings(axes: list[str]) -> list[str]:
+    """Column titles of the axes: the short name where no other axis shares it."""
+    names = [short(a) for a in axes]
+    return [n if names.count(n) == 1 else a for a, n in zip(axes, names)]
+
+
 def label(run: Run, axes: list[str]) -> str:
     """The run by its values on the axes only: `tiny_moe mxfp8 kv=persist seed=1 all off`.
 

@@ -26,9 +26,9 @@ STYLE = """
 body { font-family: system-ui, sans-serif; margin: 24px; color: #222; }
 table { border-collapse: collapse; margin: 8px 0 4px; font-size: 13px; display: block;
         max-width: 100%; overflow-x: auto; }
-th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: left; white-space: nowrap; }
+th, td { border: 1px solid #ccc; padding: 3px 6px; text-align: left; white-space: nowrap; }
 th, td.wrap { white-space: normal; }
-td.wrap { min-width: 14em; }
+td.wrap { min-width: 10em; }
 th { background: #f2f2f2; }
 td[data-value] { text-align: right; font-variant-numeric: tabular-nums; }
 .note { color: #555; font-size: 13px; margin: 2px 0 16px; }
@@ -104,36 +104,36 @@ def zero_band_figure(
     else:  # names (the ablation's fixes), in the order given, on both panels
         order = list(dict.fromkeys(xs_all))
         fig.update_xaxes(type="category", categoryorder="array", categoryarray=order)
-    legend_px = _legend_px(len(series))
+    legend, legend_px = _legend([name for name, _, _ in series], plot_px=320 + 14 * rows)
     fig.update_layout(
         title=title,
         height=420 + 14 * rows + legend_px,
         template="plotly_white",
-        legend=_legend(plot_px=320 + 14 * rows),
+        legend=legend,
         margin={"l": 70, "r": 20, "t": 50, "b": 50 + legend_px},
     )
     return fig
 
 
-# The legend goes below the plot in columns of fixed width, so 30 runs never squeeze the
-# plot or hide behind a scroll bar: 3 columns fit a 1,100-px page (4 at 1,400 px).
-LEGEND_ENTRY_PX, LEGEND_COLUMNS = 340, 3
+# The legend goes below the plot in columns as wide as its longest label, so 30 runs never
+# squeeze the plot or hide behind a scroll bar; the columns are counted for a 1,400-px page.
+PLOT_PX, CHAR_PX, SYMBOL_PX = 1260, 7, 50
 
 
-def _legend_px(entries: int) -> int:
-    return 20 * -(-entries // LEGEND_COLUMNS) + 40
-
-
-def _legend(plot_px: int) -> dict:
-    return {
+def _legend(names: list[str], plot_px: int) -> tuple[dict, int]:
+    """The legend's layout below the plot, and the pixels it takes."""
+    entry = min(PLOT_PX, SYMBOL_PX + CHAR_PX * max((len(n) for n in names), default=1))
+    columns = max(1, PLOT_PX // entry)
+    legend = {
         "font": {"size": 11},
         "orientation": "h",
-        "entrywidth": LEGEND_ENTRY_PX,
+        "entrywidth": entry,
         "yanchor": "top",
         "y": -60 / plot_px,  # paper units: just below the x axis title
         "xanchor": "left",
         "x": 0,
     }
+    return legend, 20 * -(-len(names) // columns) + 40
 
 
 def _plotted(sources: Sources, key: str) -> tuple[list[Run], dict[str, str]]:
@@ -171,7 +171,7 @@ def line_figure(sources: Sources, key: str, title: str, y_range=None) -> go.Figu
                 hovertemplate=f"{name}<br>%{{x}}: %{{y:.4g}}<extra></extra>",
             )
         )
-    legend_px = _legend_px(len(runs))
+    legend, legend_px = _legend([names[r.name] for r in runs], plot_px=280)
     steps = [x for r in runs for x, _ in r.points(key)]
     fig.update_layout(
         title=title,
@@ -179,7 +179,7 @@ def line_figure(sources: Sources, key: str, title: str, y_range=None) -> go.Figu
         yaxis={"title": key, **({"range": y_range} if y_range else {})},
         height=380 + legend_px,
         template="plotly_white",
-        legend=_legend(plot_px=280),
+        legend=legend,
         margin={"l": 70, "r": 20, "t": 50, "b": 50 + legend_px},
     )
     return fig

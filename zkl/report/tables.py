@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zkl.invariance import FIXES
-from zkl.report.axes import axis_value, common_settings, short, sweep_axes
+from zkl.report.axes import axis_value, common_settings, headings, short, sweep_axes
 from zkl.report.runs import Run, Sources, summary
 
 # The mismatch first: on a narrow screen these stay in view beside the run's name.
@@ -32,6 +32,7 @@ RUN_COLUMNS = [
 
 
 _BREAK_AFTER = re.compile(r"([,/.])")
+_HEADER_BREAK_AFTER = re.compile(r"([,/._])")
 LONG = 24  # a cell of more characters may wrap; a shorter one (a name, a number) never does
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
 
@@ -68,7 +69,7 @@ class Table:
     note: str = ""
 
     def to_html(self, table_id: str) -> str:
-        head = "".join(f"<th>{_breakable(h)}</th>" for h in self.headers)
+        head = "".join(f"<th>{_breakable(h, _HEADER_BREAK_AFTER)}</th>" for h in self.headers)
         body = []
         for row in self.rows:
             cells = []
@@ -98,9 +99,10 @@ class Table:
         return "\n".join(lines)
 
 
-def _breakable(text: str) -> str:
-    """Escaped text that may wrap after `,` `/` `.`: a long name never widens a column."""
-    return _BREAK_AFTER.sub(r"\1<wbr>", html.escape(text))
+def _breakable(text: str, after: re.Pattern = _BREAK_AFTER) -> str:
+    """Escaped text that may wrap after `,` `/` `.` (a header also after `_`): a long name
+    never widens a column."""
+    return after.sub(r"\1<wbr>", html.escape(text))
 
 
 def _sort_value(run: Run, axis: str) -> tuple[int, str]:
@@ -117,19 +119,19 @@ def runs_table(runs: list[Run]) -> Table:
     axes = sweep_axes(runs)
     summaries = {r.name: summary(r) for r in runs}
     shown = [c for c in RUN_COLUMNS if any(s[c[0]] is not None for s in summaries.values())]
-    headers = ["run", *(title for _, title in MISMATCH_COLUMNS), *axes, "status"]
+    headers = ["run", *(title for _, title in MISMATCH_COLUMNS), *headings(axes), "status"]
     headers += [title for _, title in shown]
-    errors = any(r.reason for r in runs)
-    table = Table("Runs", headers + ["error"] * errors)
+    table = Table("Runs", headers)
     for run in ordered(runs, axes):
         s = summaries[run.name]
         row = [Cell(run.name), *(cell(s[key]) for key, _ in MISMATCH_COLUMNS)]
         row += [*(Cell(axis_value(run, a)) for a in axes), Cell(run.status)]
         row += [cell(s[key]) for key, _ in shown]
-        row += [Cell(run.reason)] * errors
         table.rows.append(row)
     zero = sum(1 for r in runs if r.rows and not r.damage and summary(r)["kl_max"] == 0.0)
     table.note = f"{zero} of {len(runs)} runs have gen_kl_error exactly 0 at every step."
+    if any(r.status != "complete" for r in runs):
+        table.note += " Why a run failed or is incomplete: the table of those runs below."
     return table
 
 
@@ -153,6 +155,7 @@ def grid_table(runs: list[Run]) -> Table | None:
     when they vary), so a sweep that is exactly 0 throughout reads as a grid of "exactly 0"
     and a contrast (zero mode off) sits beside it.
     """
+    runs = [r for r in runs if r.config]  # a run without one has no place on the axes
     axes = sweep_axes(runs)
     across = column_axis(axes)
     if across is None:

@@ -261,6 +261,7 @@ def test_a_wide_sweep_fits_1400_px(tmp_path):
     if os.environ.get("ZKL_KEEP_SCREENSHOT"):
         shutil.copy(shot, os.environ["ZKL_KEEP_SCREENSHOT"].replace(".png", "_wide.png"))
 
+
 def _refused(run_dir: Path, overrides: list[str], error: str | None, **edits) -> None:
     """A job Hydra composed and zkl refused: `.hydra/` (config, overrides), error.txt, no log."""
     (run_dir / ".hydra").mkdir(parents=True)

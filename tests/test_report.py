@@ -283,7 +283,14 @@ def test_a_refused_run_is_failed_with_its_sentence_and_its_own_config(tmp_path):
     sentence = f"model.checkpoint={ckpt} has no config.json; name a checkpoint directory."
     args = {"model__checkpoint": ckpt, "task__name": "dataset"}
     _refused(tmp_path / "2", [f"model.checkpoint={ckpt}", "task=dataset"], sentence, **args)
-    _refused(tmp_path / "3", ["model=tiny_moe", f"model.checkpoint={ckpt}"], BAD, **args)
+    _refused(
+        tmp_path / "3",
+        ["model=tiny_moe", f"model.checkpoint={ckpt}"],
+        BAD,
+        **args,
+        model__name="tiny_moe",
+    )
+    (tmp_path / "3" / "metrics.jsonl").unlink()  # `.hydra/` and error.txt alone
     _refused(tmp_path / "4", [], None)  # killed before it logged or recorded anything
     (tmp_path / "5").mkdir()
     (tmp_path / "5" / "error.txt").write_text(BAD + "\n")  # no config at all
@@ -292,7 +299,8 @@ def test_a_refused_run_is_failed_with_its_sentence_and_its_own_config(tmp_path):
     assert runs["2"].flat["model.name"] == "qwen2_all"  # zkl's name, not tiny_dense's
     assert runs["2"].flat["task.tokenizer"] == ckpt
     assert "model.hidden_size" not in runs["2"].flat  # config.json's, never the default's
-    assert runs["3"].flat["model.name"] == runs["3"].config["model"]["name"]  # a named group
+    assert runs["3"].flat["model.name"] == "tiny_moe"  # a named group keeps its name
+    assert runs["3"].status == "failed" and runs["3"].reason == BAD
     assert runs["4"].status == "incomplete" and runs["5"].status == "failed"
     assert main([str(tmp_path)]) == 0
     tables = parse_tables((tmp_path / "report.html").read_text())

@@ -13,12 +13,12 @@ from zkl.experiments.timing import graph_time
 from zkl.experiments.workload import MODES
 from zkl.ops import fast
 from zkl.run.compose import compose
-from zkl.trainer.policy import Policy
+from zkl.trainer.build import build_policy
 
 
 def main(overrides: list[str]) -> None:
     cfg = compose(["device=cuda", "model=qwen2_5_1_5b", "tracking.wandb.mode=disabled", *overrides])
-    model = Policy(cfg).model
+    model = build_policy(cfg).model
     logits = torch.randn(64, cfg.model.vocab_size, device="cuda")
     seeds, counters = torch.arange(64, device="cuda"), torch.full((64,), 3, device="cuda")
     fused = graph_time(lambda: ops.gumbel_argmax(logits, seeds, counters))

@@ -14,12 +14,12 @@ from zkl import invariance
 from zkl.experiments.workload import MODES, bench_requests
 from zkl.generation.engine import GenerationEngine
 from zkl.run.compose import compose
-from zkl.trainer.policy import Policy
+from zkl.trainer.build import build_policy
 
 
 def main(overrides: list[str]) -> None:
     cfg = compose(["device=cuda", "model=qwen2_5_1_5b", "tracking.wandb.mode=disabled", *overrides])
-    model = Policy(cfg).model
+    model = build_policy(cfg).model
     requests = bench_requests(16, cfg.model.vocab_size)
     for mode, fixes in MODES.items():
         with invariance.enabled(fixes):

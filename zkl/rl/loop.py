@@ -32,6 +32,7 @@ from zkl.state import checkpoint, run_lock
 from zkl.state import sharded as sharded_checkpoint
 from zkl.state.resume import prepare as prepare_resume
 from zkl.tracking.run_log import NullLog, RunLog, read_metrics
+from zkl.trainer.build import build_policy
 from zkl.trainer.policy import Policy
 from zkl.trainer.update import UpdateBatch
 
@@ -137,7 +138,7 @@ def _run(cfg: ZklConfig, task, run_dir, progress: bool | None, world) -> list[di
     generator = None
     try:
         with invariance.enabled(fixes):
-            policy = Policy(cfg)
+            policy = build_policy(cfg)
             checkpoint.restore(resume, policy)
             generator = build_generator(cfg, policy, task.tokenizer.eos_id, run_dir)
             generator.refit(policy.refit_state(), policy.version)

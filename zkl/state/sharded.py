@@ -119,7 +119,7 @@ def restore(start: resume.Resume, policy, run_dir: str | Path) -> None:
             f"{damaged[0]}'s are missing or damaged); delete {CHECKPOINT_FILE} to "
             "rerun from step 0 with resume=true, or start afresh in another hydra.run.dir."
         )
-    policy.load_state_dict({**target, "version": state["version"]})
+    policy.load_state_dict(target)
     rng = state["rng"][world.rank]
     torch.set_rng_state(rng["torch"])
     random.setstate(rng["python"])

@@ -76,13 +76,14 @@ def test_tables_match_the_runs_files(sweep):
         assert row["gen_kl_error mean"][1] == sum(kl) / len(kl)
         assert row["gen_kl_error max"][1] == max(kl)
         assert row["steps exactly 0"][1] == kl.count(0.0)
-    assert rows["2"]["fixes"][0] == "-logprob_path" and rows["1"]["fixes"][0] == "all on"
+    assert rows["2"]["fixes"][0] == "minus_logprob_path" and rows["1"]["fixes"][0] == "all_fixes"
     assert rows["3"]["status"][0] == "failed" and rows["3"]["error"][0] == BAD
     assert [r["run"][0] for r in tables["failed"]] == ["3", "4"]
     assert tables["bench"][0]["gen tok/s zero"][1] == 900.0
     md = (sweep / "report.md").read_text()
     assert md_escape(BAD) in md and "### Runs" in md and "### Throughput" in md
-    row = "| 2 | tiny\\_moe | 6 | 0 | -logprob\\_path | complete | 3 | 4e-05 | 4e-05 | 5e-05 |"
+    row = "| 2 | tiny\\_moe | 6 | 0 | minus\\_logprob\\_path | complete | 3 | 4e-05 | 4e-05 "
+    row += "| 5e-05 |"
     assert row in md
 
 
@@ -91,11 +92,11 @@ def test_zero_band_keeps_every_zero(sweep):
     traces = {}
     for trace in fig.data:
         traces.setdefault(trace.name, []).append(trace)
-    assert sorted(traces) == ["0 tiny_dense/6/0/all on", "1 tiny_moe/6/0/all on"] + [
-        "2 tiny_moe/6/0/-logprob_path",
-        "4 tiny_dense/6/1/all on",
+    assert sorted(traces) == ["0 tiny_dense/6/0/all_fixes", "1 tiny_moe/6/0/all_fixes"] + [
+        "2 tiny_moe/6/0/minus_logprob_path",
+        "4 tiny_dense/6/1/all_fixes",
     ]
-    top, band = traces["1 tiny_moe/6/0/all on"]
+    top, band = traces["1 tiny_moe/6/0/all_fixes"]
     assert list(band.x) == [0, 2] and list(top.y) == [None, 1e-7, None]
     assert fig.layout.yaxis.type == "log"
     assert list(fig.layout.yaxis2.ticktext) == ["exactly 0"]

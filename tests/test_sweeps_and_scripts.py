@@ -63,7 +63,7 @@ def test_sweep_runs_every_job(sweep, tmp_path):
         assert len(sources.cert) == len(jobs)
     if sweep == "fix_ablation":
         fixes_off = {r.fixes for r in sources.runs}
-        assert fixes_off == {"all on"} | {f"-{name}" for name in FIXES}
+        assert fixes_off == {"all_fixes"} | {f"minus_{name}" for name in FIXES}
 
 
 def _launcher(*overrides: str) -> dict:

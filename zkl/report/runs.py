@@ -82,18 +82,11 @@ class Run:
 
 
 def fixes_label(flat: dict[str, Any]) -> str:
-    """Which fixes were on: 'all on', 'all off', or the exceptions ('-gemm', '+logprob_path')."""
+    """Which fixes were on, in the registry's one vocabulary (`invariance.label`: `all_fixes`,
+    `no_fixes`, `minus_<off>`, `only_<on>`), as W&B groups and the cert's variants say it."""
     zero = bool(flat.get("zero_train_gen_mismatch", True))
     forced = {n: flat.get(f"fixes.{n}") for n in invariance.FIXES}
-    on = invariance.resolve(zero, forced)
-    off = set(invariance.FIXES) - on
-    if not off:
-        return "all on"
-    if not on:
-        return "all off"
-    if zero:
-        return ",".join(f"-{n}" for n in invariance.FIXES if n in off)
-    return ",".join(f"+{n}" for n in invariance.FIXES if n in on)
+    return invariance.label(invariance.resolve(zero, forced))
 
 
 def _is_number(value: Any) -> bool:
@@ -255,7 +248,7 @@ def sweep_axes(runs: list[Run]) -> list[str]:
     """The config keys that vary across the runs: what a comparison groups by.
 
     A group's other keys (model.hidden_size, ...) that follow from its `name` are left out;
-    the fixes are one axis, `fixes` ('all on', '-batch_invariant_gemm', ...).
+    the fixes are one axis, `fixes` ('all_fixes', 'minus_batch_invariant_gemm', ...).
     """
     flats = [r.flat for r in runs]
     keys = sorted({k for f in flats for k in f})

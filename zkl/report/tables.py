@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from zkl.invariance import FIXES
+from zkl.invariance import FIXES, label
 from zkl.report.runs import Run, Sources, axis_value, common_settings, summary, sweep_axes
 
 RUN_COLUMNS = [
@@ -90,7 +90,7 @@ class Table:
 
 def _sort_value(run: Run, axis: str) -> tuple[int, str]:
     value = axis_value(run, axis)
-    return (0 if axis == "fixes" and value == "all on" else 1, value)  # the baseline first
+    return (0 if axis == "fixes" and value == label(FIXES) else 1, value)  # the baseline first
 
 
 def ordered(runs: list[Run], axes: list[str]) -> list[Run]:
@@ -144,7 +144,8 @@ def skipped_table(sources: Sources) -> Table | None:
 
 def ablation(runs: list[Run]) -> dict[str, dict[str, float]] | None:
     """{group: {fix off ('none' for all on): max gen_kl_error}} when the runs ablate fixes."""
-    single = {"all on": "none", **{f"-{name}": name for name in FIXES}}
+    single = {label(FIXES): "none"}
+    single |= {label(set(FIXES) - {name}): name for name in FIXES}
     runs = [r for r in runs if r.fixes in single and r.rows]
     if len({r.fixes for r in runs}) < 2:
         return None

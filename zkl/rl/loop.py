@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from zkl.data.rewards import RewardError
 from zkl.data.tasks import build_task
 from zkl.distributed import launch
 from zkl.errors import NonFinite, RunFault
-from zkl.generation.engine import Completion, EngineStats, Request
+from zkl.generation.engine import EngineStats, Request
 from zkl.generation.sampling import SamplingParams
 from zkl.layouts import build_generator
 from zkl.rl.evaluate import val_due, validate_policy
@@ -37,12 +37,6 @@ from zkl.trainer.policy import Policy
 from zkl.trainer.update import UpdateBatch
 
 TIMING_PREFIXES = ("timing/", "perf/")
-
-
-@dataclass
-class Rollout:
-    completions: list[Completion]
-    lp_train: list[torch.Tensor]
 
 
 def sampled_requests(sp, prompts: list[list[int]], seeds: list[int]) -> list[Request]:

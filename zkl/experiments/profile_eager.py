@@ -1,5 +1,8 @@
 """Where an eager (no CUDA graphs) decode step's time goes: cProfile of `generate` for
-qwen2_5_1_5b at 16 slots, 64-96-token prompts, 64 new tokens. argv[1:] are overrides."""
+qwen2_5_1_5b at 16 slots, 64-96-token prompts, 64 new tokens.
+
+    python -m zkl.experiments.profile_eager [OVERRIDE ...]
+"""
 
 from __future__ import annotations
 

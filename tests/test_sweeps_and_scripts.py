@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -140,3 +141,20 @@ def test_probe_decode_rows_names_the_op_that_breaks_a_row():
         [*script, *tiny, "--trace", "3", "2"], capture_output=True, text=True, check=True, cwd=REPO
     )
     assert '"mismatching_requests": 0' in zero.stdout and '"equal_calls": 19' in zero.stdout
+
+
+def test_every_script_and_experiment_the_docs_name_exists():
+    """A renamed or removed script leaves no stale command behind: every `scripts/<file>` and
+    `python -m zkl.experiments.<module>` in the README, docs/ and scripts/ names a file."""
+    texts = [REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "scripts").iterdir()]
+    named: set[str] = set()
+    for path in texts:
+        text = path.read_text()
+        named |= set(re.findall(r"\bscripts/[\w.]+\.(?:py|sh)\b", text))
+        named |= {
+            "zkl/experiments/" + m + ".py" for m in re.findall(r"-m zkl\.experiments\.(\w+)", text)
+        }
+    assert named, "the pattern finds nothing: the test would pass vacuously"
+    assert sorted(n for n in named if not (REPO / n).is_file()) == []
+    for script in (REPO / "scripts").glob("*.sh"):  # each runbook at least parses
+        subprocess.run(["bash", "-n", str(script)], check=True)

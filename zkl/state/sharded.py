@@ -1,4 +1,5 @@
-"""Sharded checkpoints: each rank writes its own shards with torch.distributed.checkpoint.
+"""Sharded checkpoints: each rank writes its own shards with torch.distributed.checkpoint
+(the sharded policy's whole state dict: weights, AdamW state and the weight version).
 
 `checkpoint.pt` stays the one file that says where a run stands (step, W&B id, config,
 every rank's RNG state, requeue flag), written by rank 0 after every rank's shards are on

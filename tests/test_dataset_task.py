@@ -375,14 +375,14 @@ def test_a_reward_that_gives_nan_stops_the_run_after_the_step_is_logged(ckpt, tm
 
 @pytest.mark.slow
 def test_the_gpu_script_on_the_cpu(tmp_path):
-    """scripts/gpu_dataset_run.sh at the tiny shape on the CPU: the H200 run's every part."""
+    """scripts/gpu_dataset.sh at the tiny shape on the CPU: the H200 run's every part."""
     import os
     import subprocess
 
     env = {**os.environ, "SHAPE": "tiny", "DEVICE": "cpu", "STEPS": "2", "OUT": str(tmp_path)}
     env["EXTRA"] = "rl.prompts_per_step=2 rl.samples_per_prompt=4 rl.val_prompts=4"
     env["SHARD"] = "100KB"  # shards and an index, as the 1.5B writes them
-    script = REPO / "scripts" / "gpu_dataset_run.sh"
+    script = REPO / "scripts" / "gpu_dataset.sh"
     out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert "-> PASS" in out.stdout

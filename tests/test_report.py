@@ -77,13 +77,14 @@ def test_tables_match_the_runs_files(sweep):
         assert row["gen_kl_error mean"][1] == sum(kl) / len(kl)
         assert row["gen_kl_error max"][1] == max(kl)
         assert row["steps exactly 0"][1] == kl.count(0.0)
-    assert rows["2"]["fixes"][0] == "-logprob_path" and rows["1"]["fixes"][0] == "all on"
+    assert rows["2"]["fixes"][0] == "minus_logprob_path" and rows["1"]["fixes"][0] == "all_fixes"
     assert rows["3"]["status"][0] == "failed" and tables["failed"][0]["error"][0] == BAD
     assert [r["run"][0] for r in tables["failed"]] == ["3", "4"]
     assert tables["bench"][0]["gen tok/s zero"][1] == 900.0
     md = (sweep / "report.md").read_text()
     assert md_escape(BAD) in md and "### Runs" in md and "### Throughput" in md
-    row = "| 2 | 4e-05 | 4e-05 | 5e-05 | 0 | tiny\\_moe | 0 | 6 | -logprob\\_path | complete | 3 |"
+    row = "| 2 | 4e-05 | 4e-05 | 5e-05 | 0 | tiny\\_moe | 0 | 6 | minus\\_logprob\\_path "
+    row += "| complete | 3 |"
     assert row in md
 
 
@@ -93,12 +94,12 @@ def test_zero_band_keeps_every_zero(sweep):
     for trace in fig.data:
         traces.setdefault(trace.name, []).append(trace)
     assert sorted(traces) == [  # the axes' values only; seed and max_new_tokens differ
-        "tiny_dense seed=0 max_new_tokens=6 all on",
-        "tiny_dense seed=1 max_new_tokens=6 all on",
-        "tiny_moe seed=0 max_new_tokens=6 -logprob_path",
-        "tiny_moe seed=0 max_new_tokens=6 all on",
+        "tiny_dense seed=0 max_new_tokens=6 all_fixes",
+        "tiny_dense seed=1 max_new_tokens=6 all_fixes",
+        "tiny_moe seed=0 max_new_tokens=6 minus_logprob_path",
+        "tiny_moe seed=0 max_new_tokens=6 all_fixes",
     ]
-    top, band = traces["tiny_moe seed=0 max_new_tokens=6 all on"]
+    top, band = traces["tiny_moe seed=0 max_new_tokens=6 all_fixes"]
     assert list(band.x) == [0, 2] and list(top.y) == [None, 1e-7, None]
     assert fig.layout.yaxis.type == "log"
     assert list(fig.layout.yaxis2.ticktext) == ["exactly 0"]
@@ -323,7 +324,7 @@ def test_only_the_varying_axes_label_the_runs(tmp_path):
     assert sweep_axes(sources.runs) == ["model.name", "kv.mode", "fixes"]
     fig = page.kl_figure(sources)
     names = sorted({t.name for t in fig.data})
-    assert names == ["tiny_dense kv=persist all on", "tiny_dense kv=recompute all off"]
+    assert names == ["tiny_dense kv=persist all_fixes", "tiny_dense kv=recompute no_fixes"]
     runs = dict(all_tables(sources))["runs"]
     assert runs.headers[:5] == ["run"] + [
         "gen_kl_error final",

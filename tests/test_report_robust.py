@@ -137,7 +137,7 @@ def test_common_settings_cert_verdicts_and_baseline_first(tmp_path):
     assert settings["precision.name"] == "bf16" and settings["layout.name"] == "colocated"
     runs = tables["runs"]
     fixes_col = runs.headers.index("fixes")
-    assert [r[fixes_col].text for r in runs.rows] == ["all on", "-logprob_path"]
+    assert [r[fixes_col].text for r in runs.rows] == ["all_fixes", "minus_logprob_path"]
     cert_table = tables["cert"]
     assert "mode" in cert_table.headers and "result" in cert_table.headers
     results = [r[cert_table.headers.index("result")].text for r in cert_table.rows]

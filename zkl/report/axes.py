@@ -5,7 +5,7 @@ none (it never got going) shows blanks and never makes every key look like an ax
 that another axis already says is left out: a group's keys that follow from its `name`
 (`model.hidden_size` from `model.name`), and a key equal in every run to an earlier axis
 (`task.tokenizer` defaulted to `model.checkpoint`). The fixes are one axis, `fixes`
-('all on', 'all off', '-batch_invariant_gemm', ...). A new axis (a treatment, say) is one
+('all_fixes', 'no_fixes', 'minus_batch_invariant_gemm', ...). A new axis (a treatment, say) is one
 more config key: nothing here lists the keys of a sweep.
 """
 
@@ -100,7 +100,7 @@ def headings(axes: list[str]) -> list[str]:
 
 
 def label(run: Run, axes: list[str]) -> str:
-    """The run by its values on the axes only: `tiny_moe mxfp8 kv=persist seed=1 all off`.
+    """The run by its values on the axes only: `tiny_moe mxfp8 kv=persist seed=1 no_fixes`.
 
     A `name` axis and the fixes show their value alone; other axes say `key=value`.
     """

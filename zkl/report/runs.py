@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 
 from zkl import invariance
 from zkl.tracking.errors import ERROR_FILE, read_error
+from zkl.tracking.jsonl import NOT_JSON, read_jsonl
 from zkl.tracking.run_log import CONFIG_FILE, METRICS_FILE, axes, flatten
 
 SKIP_DIRS = {".submitit", ".hydra", "wandb", "__pycache__"}
@@ -81,18 +82,11 @@ class Run:
 
 
 def fixes_label(flat: dict[str, Any]) -> str:
-    """Which fixes were on: 'all on', 'all off', or the exceptions ('-gemm', '+logprob_path')."""
+    """Which fixes were on, in the registry's one vocabulary (`invariance.label`: `all_fixes`,
+    `no_fixes`, `minus_<off>`, `only_<on>`), as W&B groups and the cert's variants say it."""
     zero = bool(flat.get("zero_train_gen_mismatch", True))
     forced = {n: flat.get(f"fixes.{n}") for n in invariance.FIXES}
-    on = invariance.resolve(zero, forced)
-    off = set(invariance.FIXES) - on
-    if not off:
-        return "all on"
-    if not on:
-        return "all off"
-    if zero:
-        return ",".join(f"-{n}" for n in invariance.FIXES if n in off)
-    return ",".join(f"+{n}" for n in invariance.FIXES if n in on)
+    return invariance.label(invariance.resolve(zero, forced))
 
 
 def _is_number(value: Any) -> bool:
@@ -102,28 +96,23 @@ def _is_number(value: Any) -> bool:
 def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], str | None]:
     """The file's JSON objects, and what was wrong with the lines left out (None: nothing).
 
-    A last line without its newline (a writer killed mid-line) is left out silently.
+    A last line without its newline (a writer killed mid-line) is left out silently, unless
+    it is a whole object.
     """
-    if not path.exists():
-        return [], None
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as err:
+        read = read_jsonl(path)
+    except OSError as err:
         return [], f"{path.name} cannot be read ({err})"
     rows, bad = [], []
-    lines = text.split("\n")
-    for number, line in enumerate(lines, 1):
-        if not line.strip() or (number == len(lines) and not line.endswith("}")):
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            bad.append(f"line {number} is not JSON")
-            continue
-        if not isinstance(row, dict):
-            bad.append(f"line {number} is not a JSON object")
-            continue
-        rows.append(row)
+    for line in read.lines:
+        if line.record is NOT_JSON:
+            bad.append(f"line {line.number} is not JSON")
+        elif not line.is_object:
+            bad.append(f"line {line.number} is not a JSON object")
+        else:
+            rows.append(line.record)
+    if read.torn is not None and read.torn.is_object:
+        rows.append(read.torn.record)
     return rows, (f"{path.name}: {', '.join(bad[:3])}" if bad else None)
 
 

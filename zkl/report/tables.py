@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from zkl.invariance import FIXES
+from zkl.invariance import FIXES, label
 from zkl.report.axes import axis_value, common_settings, headings, short, sweep_axes
 from zkl.report.runs import Run, Sources, summary
 
@@ -107,7 +107,7 @@ def _breakable(text: str, after: re.Pattern = _BREAK_AFTER) -> str:
 
 def _sort_value(run: Run, axis: str) -> tuple[int, str]:
     value = axis_value(run, axis)
-    return (0 if axis == "fixes" and value == "all on" else 1, value)  # the baseline first
+    return (0 if axis == "fixes" and value == label(FIXES) else 1, value)  # the baseline first
 
 
 def ordered(runs: list[Run], axes: list[str]) -> list[Run]:
@@ -161,7 +161,7 @@ def grid_table(runs: list[Run]) -> Table | None:
     if across is None:
         return None
     down = [a for a in axes if a != across]
-    columns = sorted({axis_value(r, across) for r in runs}, key=lambda v: (v != "all on", v))
+    columns = sorted({axis_value(r, across) for r in runs}, key=lambda v: (v != label(FIXES), v))
     beds: dict[tuple[str, ...], dict[str, list[Run]]] = {}
     for r in ordered(runs, down):
         bed = tuple(axis_value(r, a) for a in down)
@@ -224,8 +224,9 @@ def skipped_table(sources: Sources) -> Table | None:
 
 
 def ablation(runs: list[Run]) -> dict[str, dict[str, float]] | None:
-    """{group: {fix off ('none' for all on): max gen_kl_error}} when the runs ablate fixes."""
-    single = {"all on": "none", **{f"-{name}": name for name in FIXES}}
+    """{group: {fix off ('none' for all fixes on): max gen_kl_error}} when the runs ablate fixes."""
+    single = {label(FIXES): "none"}
+    single |= {label(set(FIXES) - {name}): name for name in FIXES}
     runs = [r for r in runs if r.fixes in single and r.rows]
     if len({r.fixes for r in runs}) < 2:
         return None

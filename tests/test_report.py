@@ -96,8 +96,8 @@ def test_zero_band_keeps_every_zero(sweep):
     assert sorted(traces) == [  # the axes' values only; seed and max_new_tokens differ
         "tiny_dense seed=0 max_new_tokens=6 all_fixes",
         "tiny_dense seed=1 max_new_tokens=6 all_fixes",
-        "tiny_moe seed=0 max_new_tokens=6 minus_logprob_path",
         "tiny_moe seed=0 max_new_tokens=6 all_fixes",
+        "tiny_moe seed=0 max_new_tokens=6 minus_logprob_path",
     ]
     top, band = traces["tiny_moe seed=0 max_new_tokens=6 all_fixes"]
     assert list(band.x) == [0, 2] and list(top.y) == [None, 1e-7, None]

@@ -10,7 +10,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from zkl.ops.triton.attention_default import DEFAULT_TILE, attention_default, default_chunk
+from zkl.ops.triton.attention_default import (
+    DEFAULT_TILE,
+    attention_default,
+    default_chunk,
+    window_mask,
+)
 from zkl.ops.triton.attention_kernels import (
     CHUNK,
     KEY_BLOCK,
@@ -47,9 +52,11 @@ class _Attention(torch.autograd.Function):
     """The invariant forward; the backward recomputes with PyTorch's causal flash kernel."""
 
     @staticmethod
-    def forward(ctx, q, k, v, q_pos):
+    def forward(ctx, q, k, v, q_pos, window):
         ctx.save_for_backward(q, k, v)
-        return prefill(q, k, v, q_pos, tile=prefill_tile(q.shape[-1], q.dtype, q.device))
+        ctx.window = window
+        tile = prefill_tile(q.shape[-1], q.dtype, q.device)
+        return prefill(q, k, v, q_pos, tile=tile, window=window)
 
     @staticmethod
     def backward(ctx, grad):
@@ -60,8 +67,12 @@ class _Attention(torch.autograd.Function):
             # whole heads: flash's GQA support varies by version; the repeat's grad sums back
             kf = kd.repeat_interleave(groups, dim=1) if groups > 1 else kd
             vf = vd.repeat_interleave(groups, dim=1) if groups > 1 else vd
-            out = F.scaled_dot_product_attention(qd, kf, vf, is_causal=True)
-            return (*torch.autograd.grad(out, (qd, kd, vd), grad), None)
+            if ctx.window:  # a band mask: SDPA's memory-efficient kernel, not flash
+                mask = window_mask(q.shape[2], ctx.window, q.device)
+                out = F.scaled_dot_product_attention(qd, kf, vf, attn_mask=mask)
+            else:
+                out = F.scaled_dot_product_attention(qd, kf, vf, is_causal=True)
+            return (*torch.autograd.grad(out, (qd, kd, vd), grad), None, None)
 
 
 def attention(
@@ -70,18 +81,21 @@ def attention(
     v: torch.Tensor,
     q_pos: torch.Tensor,
     kv_rows: torch.Tensor | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """q [B, H, Tq, D]; k, v [R, Hkv, Tk, D] (key j at position j); q_pos [B, Tq].
 
-    Batch row b reads keys of row `kv_rows[b]` (default b). With gradients (the train path,
-    whose positions are 0..T-1 and whose keys are its own queries) the backward is flash.
+    Batch row b reads keys of row `kv_rows[b]` (default b); `window` W > 0 lets a query at p
+    see only the keys p-W+1..p. With gradients (the train path, whose positions are 0..T-1
+    and whose keys are its own queries) the backward is PyTorch's SDPA.
     """
     if kv_rows is None and torch.is_grad_enabled() and q.requires_grad:
         if q.shape[2] != k.shape[2]:
             raise ValueError("the train path's attention needs its own tokens as keys")
         # contiguous: the backward's flash kernel is slow on the projections' strided views
-        return _Attention.apply(q.contiguous(), k.contiguous(), v.contiguous(), q_pos)
+        return _Attention.apply(q.contiguous(), k.contiguous(), v.contiguous(), q_pos, window)
     choice = choose(q.shape[-1], q.dtype, q.device)
     if q.shape[2] == 1 and q.shape[1] // k.shape[1] <= REF_M:
-        return decode(q, k, v, q_pos, kv_rows, rows_per_program=choice.decode_rows)
-    return prefill(q, k, v, q_pos, kv_rows, tile=choice.prefill)
+        rows = choice.decode_rows
+        return decode(q, k, v, q_pos, kv_rows, rows_per_program=rows, window=window)
+    return prefill(q, k, v, q_pos, kv_rows, tile=choice.prefill, window=window)

@@ -36,8 +36,18 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 256
     qkv_bias: bool = False  # Qwen2: true
+    o_proj_bias: bool = False  # Llama's attention_bias puts a bias on q/k/v and o_proj
+    mlp_bias: bool = False  # Llama's mlp_bias: gate/up/down biases
     qk_norm: bool = True  # Qwen3: true
     tie_word_embeddings: bool = True
+    # RoPE scaling (zkl.models.rope.ROPE_TYPES): default | linear | llama3
+    rope_type: str = "default"
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0  # llama3
+    rope_high_freq_factor: float = 4.0  # llama3
+    rope_original_max_position_embeddings: int = 0  # llama3
+    # Sliding-window attention: a query at p sees the keys p-W+1..p; 0 is full attention.
+    sliding_window: int = 0
     # MoE (qwen3_moe); num_experts 0 means dense.
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -77,6 +87,10 @@ class ModelConfig:
         """mamba | attention | mlp | moe for a hybrid; attention blocks for the Qwen families."""
         return LAYER_KINDS[self.hybrid_override_pattern[layer]]
 
+    def layer_window(self, layer: int) -> int:
+        """The attention window of `layer` (0: full attention)."""
+        return self.sliding_window
+
     def layer_is_moe(self, layer: int) -> bool:
         """A hybrid pattern's letter, or Qwen3-MoE's rule: sparse every `decoder_sparse_step`
         layers unless listed dense."""
@@ -103,6 +117,12 @@ def validate_shapes(cfg: ModelConfig) -> None:
         raise ValueError(f"model.init_std={cfg.init_std} must be positive.")
     check_divides(cfg, "num_attention_heads", "hidden_size")
     check_divides(cfg, "num_key_value_heads", "num_attention_heads")
+    if not 0 <= cfg.sliding_window <= cfg.max_position_embeddings:
+        # W >= the context is full attention; a larger W than the context is a slip
+        raise ValueError(
+            f"model.sliding_window={cfg.sliding_window} must be between 0 (full attention) "
+            f"and model.max_position_embeddings={cfg.max_position_embeddings}."
+        )
 
 
 def check_dense(cfg: ModelConfig) -> None:

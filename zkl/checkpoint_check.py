@@ -45,6 +45,14 @@ ARCH_KEYS = (
     "norm_topk_prob",
     "decoder_sparse_step",
     "mlp_only_layers",
+    "o_proj_bias",
+    "mlp_bias",
+    "rope_type",
+    "rope_factor",
+    "rope_low_freq_factor",
+    "rope_high_freq_factor",
+    "rope_original_max_position_embeddings",
+    "sliding_window",
 )
 DTYPES = {
     "F64": torch.float64,

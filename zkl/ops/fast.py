@@ -137,8 +137,10 @@ def attention(
     v: torch.Tensor,
     q_pos: torch.Tensor,
     kv_rows: torch.Tensor | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
-    """SDPA: `is_causal` when queries are the keys (scoring, whole prefill), else a mask.
+    """SDPA: `is_causal` when queries are the keys (scoring, whole prefill), else a mask;
+    `window` W > 0 keeps the keys p-W+1..p of a query at p.
 
     Under `static_shapes` (a CUDA graph's step, its warm-up included) nothing may be read
     back to the host: the mask then spans the whole cache instead of the keys up to the
@@ -146,19 +148,18 @@ def attention(
     """
     if kv_rows is not None:
         k, v = k[kv_rows], v[kv_rows]
-    if shapes_are_static(q.device):
-        mask = torch.arange(k.shape[2], device=q.device) <= q_pos.unsqueeze(-1)  # [B, Tq, Tk]
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask.unsqueeze(1), enable_gqa=q.shape[1] != k.shape[1]
-        )
-    num_q = q.shape[2]
-    num_keys = int(q_pos.max().item()) + 1
-    k, v = k[:, :, :num_keys], v[:, :, :num_keys]
     enable_gqa = q.shape[1] != k.shape[1]
-    starts_at_zero = bool((q_pos == torch.arange(num_q, device=q.device)).all())
-    if starts_at_zero and num_keys == num_q:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=enable_gqa)
-    mask = torch.arange(num_keys, device=q.device) <= q_pos.unsqueeze(-1)  # [B, Tq, Tk]
+    if not shapes_are_static(q.device):
+        num_q = q.shape[2]
+        num_keys = int(q_pos.max().item()) + 1
+        k, v = k[:, :, :num_keys], v[:, :, :num_keys]
+        starts_at_zero = bool((q_pos == torch.arange(num_q, device=q.device)).all())
+        if starts_at_zero and num_keys == num_q and not 0 < window < num_keys:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=enable_gqa)
+    keys = torch.arange(k.shape[2], device=q.device)
+    mask = keys <= q_pos.unsqueeze(-1)  # [B, Tq, Tk]
+    if window:
+        mask &= keys > q_pos.unsqueeze(-1) - window
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask.unsqueeze(1), enable_gqa=enable_gqa
     )

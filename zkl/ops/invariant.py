@@ -87,14 +87,16 @@ def attention(
     v: torch.Tensor,
     q_pos: torch.Tensor,
     kv_rows: torch.Tensor | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """Causal attention, one kernel for prefill, decode and scoring.
 
     q [B, H, Tq, D]; k, v [R, Hkv, Tk, D] where key j sits at position j; q_pos [B, Tq];
-    batch row b reads the keys of row `kv_rows[b]` (default b).
+    batch row b reads the keys of row `kv_rows[b]` (default b); `window` W > 0: a query at
+    p sees only the keys p-W+1..p (sliding window).
     Keys are visited in blocks of 16 from position 0 with an fp32 online softmax; a block
     with no visible key leaves the state untouched, so the number of blocks a batch needs
-    never changes a row's result.
+    never changes a row's result (and blocks before every query's window are skipped).
     """
     if kv_rows is not None:
         k, v = k[kv_rows], v[kv_rows]
@@ -117,12 +119,15 @@ def attention(
     denom = qf.new_zeros(batch, num_heads, num_q)
     acc = qf.new_zeros(batch, num_heads, num_q, head_dim)
     offsets = torch.arange(KV_BLOCK, device=q.device)
-    for block in range(num_blocks):
+    first = max(0, int(q_pos.min().item()) - window + 1) // KV_BLOCK if window else 0
+    for block in range(first, num_blocks):
         lo = block * KV_BLOCK
         kb = k[:, :, lo : lo + KV_BLOCK]  # [B, H, 16, D]
         vb = v[:, :, lo : lo + KV_BLOCK]
         scores = ordered_sum(qf.unsqueeze(3) * kb.unsqueeze(2))  # [B, H, Tq, 16]
         visible = (lo + offsets) <= q_pos.unsqueeze(-1)  # [B, Tq, 16]
+        if window:
+            visible &= (lo + offsets) > q_pos.unsqueeze(-1) - window
         visible = visible.unsqueeze(1)
         scores = scores.masked_fill(~visible, -math.inf)
         m_new = torch.maximum(m, scores.amax(-1))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 FAMILIES = ("qwen2", "qwen3", "qwen3_moe", "nemotron_h")
 
@@ -18,6 +18,16 @@ SHAPE_KEYS = (
     "num_key_value_heads",
     "head_dim",
     "intermediate_size",
+)
+
+# Sizes and counts that shape, divide or step something in every family: 0 is never a model.
+AT_LEAST_ONE = (
+    *SHAPE_KEYS,
+    "max_position_embeddings",
+    "decoder_sparse_step",
+    "n_groups",
+    "n_group",
+    "topk_group",
 )
 
 
@@ -94,29 +104,49 @@ def validate_model(cfg: ModelConfig) -> None:
     """Raise ValueError with one sentence naming the key to change."""
     if cfg.family not in FAMILIES:
         raise ValueError(f"model.family={cfg.family!r} is not one of {list(FAMILIES)}.")
-    for key in (*SHAPE_KEYS, "max_position_embeddings"):
-        if getattr(cfg, key) <= 0:
-            raise ValueError(f"model.{key}={getattr(cfg, key)} must be positive.")
-    if cfg.rope_theta <= 0 or cfg.rms_norm_eps <= 0:
-        raise ValueError("model.rope_theta and model.rms_norm_eps must be positive.")
+    _check_signs(cfg)
     if cfg.head_dim % 2:
         raise ValueError(f"model.head_dim={cfg.head_dim} must be even (rotary embedding pairs).")
-    if cfg.init_std <= 0:
-        raise ValueError(f"model.init_std={cfg.init_std} must be positive.")
     _check_divides(cfg, "num_attention_heads", "hidden_size")
     _check_divides(cfg, "num_key_value_heads", "num_attention_heads")
     if cfg.family == "nemotron_h":
         _validate_hybrid(cfg)
     if cfg.family != "qwen3_moe" and cfg.num_experts:
         raise ValueError(f"model.num_experts must be 0 for model.family={cfg.family!r}.")
+    if cfg.family != "nemotron_h" and cfg.n_routed_experts:
+        raise ValueError(
+            f"model.n_routed_experts must be 0 for model.family={cfg.family!r} (its experts "
+            "are model.num_experts)."
+        )
     if cfg.family == "qwen3_moe":
         if cfg.num_experts <= 0:
             raise ValueError("model.num_experts must be positive for model.family='qwen3_moe'.")
         _check_top_k(cfg, "num_experts")
         if cfg.moe_intermediate_size <= 0:
             raise ValueError("model.moe_intermediate_size must be positive for a MoE model.")
-        if cfg.decoder_sparse_step <= 0:
-            raise ValueError("model.decoder_sparse_step must be positive.")
+
+
+def _check_signs(cfg: ModelConfig) -> None:
+    """By type, for every family: each float (a scale, a rate, an epsilon, a clamp) above zero,
+    each count or size at least zero (those in AT_LEAST_ONE at least one), each listed layer
+    a layer of the model; the family rules below then divide and compare safely."""
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, float) and not value > 0:
+            raise ValueError(f"model.{f.name}={value} must be positive.")
+        positive = f.name in AT_LEAST_ONE
+        if isinstance(value, int) and value < int(positive):
+            raise ValueError(
+                f"model.{f.name}={value} must be {'positive' if positive else '>= 0'}."
+            )
+    for layer in cfg.mlp_only_layers:
+        if not 0 <= layer < cfg.num_hidden_layers:
+            raise ValueError(
+                f"model.mlp_only_layers holds {layer}, not a layer of the "
+                f"model.num_hidden_layers={cfg.num_hidden_layers}."
+            )
 
 
 def _validate_hybrid(cfg: ModelConfig) -> None:
@@ -153,6 +183,13 @@ def _validate_hybrid(cfg: ModelConfig) -> None:
             raise ValueError(
                 f"model.n_group={cfg.n_group} must divide model.n_routed_experts and "
                 f"model.topk_group={cfg.topk_group} must be between 1 and n_group."
+            )
+        reachable = cfg.topk_group * (cfg.n_routed_experts // cfg.n_group)
+        if cfg.num_experts_per_tok > reachable:
+            raise ValueError(
+                f"model.num_experts_per_tok={cfg.num_experts_per_tok} is more than the "
+                f"{reachable} experts of the model.topk_group={cfg.topk_group} groups a token "
+                "may route to."
             )
 
 

@@ -25,7 +25,7 @@ def experiment(dcfg: DictConfig) -> None:
     check_composed(dcfg)  # each part's own keys, before torch loads
     # lazy: torch and the loop load once the config has passed its checks (a refusal is quick)
     from zkl.rl.loop import run
-    from zkl.run.compose import to_object
+    from zkl.run.compose import to_object  # lazy: reads a checkpoint (torch)
 
     rows = run(to_object(dcfg), run_dir)
     last = rows[-1]

@@ -192,18 +192,18 @@ def _lines(out: subprocess.CompletedProcess) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "module,args,key",
+    "module,args,key,made",
     [
-        ("zkl", ["model=tiny_hybrid", "model.n_group=0"], "model.n_group=0"),
-        ("zkl", ["model.time_step_min=-1"], "model.time_step_min"),
-        ("zkl", ["rl.steps=abc"], "rl.steps=abc"),
-        ("zkl", ["+layout=dedicated", "+layout=colocated"], "the group layout"),
-        ("zkl", ["cert.steps=2"], "cert.steps is not a config key"),
-        ("zkl.cert", ["cert.steps=-1"], "cert.steps=-1"),
-        ("zkl.bench", ["rl.steps=🚀"], "quote the value"),
+        ("zkl", ["model=tiny_hybrid", "model.n_group=0"], "model.n_group=0", True),
+        ("zkl", ["model.time_step_min=-1"], "model.time_step_min", True),
+        ("zkl", ["rl.steps=abc"], "rl.steps=abc", False),
+        ("zkl", ["+layout=dedicated", "+layout=colocated"], "the group layout", False),
+        ("zkl", ["cert.steps=2"], "cert.steps is not a config key", False),
+        ("zkl.cert", ["cert.steps=-1"], "cert.steps=-1", True),
+        ("zkl.bench", ["rl.steps=🚀"], "quote the value", False),
     ],
 )
-def test_a_refusal_comes_before_torch_and_leaves_its_sentence(module, args, key, tmp_path):
+def test_a_refusal_comes_before_torch_and_leaves_its_sentence(module, args, key, made, tmp_path):
     """Exit 2, one line, torch never imported (the refusal is immediate); a run directory
     Hydra made holds that line in error.txt, a command line refused earlier leaves none."""
     run_dir = tmp_path / "run ü"
@@ -212,7 +212,8 @@ def test_a_refusal_comes_before_torch_and_leaves_its_sentence(module, args, key,
     assert out.returncode == 2 and len(lines) == 1 and key in lines[0], out.stderr[-2000:]
     if module != "zkl.cert":  # cert's own check (cert.steps) runs in the certification
         assert hook == "torch imported: False"
-    if run_dir.exists():
+    assert run_dir.exists() == made
+    if made:
         assert f"{module}: {read_error(run_dir)}" == lines[0]
 
 

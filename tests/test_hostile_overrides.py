@@ -225,3 +225,17 @@ def test_every_refused_job_of_a_multirun_leaves_error_txt(tmp_path):
     assert [p.name for p in jobs] == ["0", "1"]
     for job, steps in zip(jobs, (0, -1)):
         assert read_error(job) == f"rl.steps={steps} must be positive."
+
+
+def test_a_run_directory_refused_for_a_full_disk_is_not_left_behind(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from zkl import cli
+
+    full = SimpleNamespace(f_bavail=0, f_frsize=4096)
+    monkeypatch.setattr(cli.os, "statvfs", lambda path: full)
+    assert cli.run_dir_problem(str(tmp_path / "new")) == "is on a full disk"
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "old").mkdir()  # one the user made stays
+    assert cli.run_dir_problem(str(tmp_path / "old")) == "is on a full disk"
+    assert (tmp_path / "old").is_dir()

@@ -11,6 +11,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from zkl.cli import hydra_entry, job
+from zkl.rl.summary import summary_line
 from zkl.run.checks import check_composed
 from zkl.run.schema import CONF_DIR
 
@@ -28,12 +29,7 @@ def experiment(dcfg: DictConfig) -> None:
     from zkl.run.compose import to_object  # lazy: reads a checkpoint (torch)
 
     rows = run(to_object(dcfg), run_dir)
-    last = rows[-1]
-    print(
-        f"{len(rows)} steps in {run_dir}: last gen_kl_error={last['train/gen_kl_error']:.3g} "
-        f"max_abs_logprob_diff={last['train/max_abs_logprob_diff']:.3g} "
-        f"reward first={rows[0]['reward/mean']:.3f} last={last['reward/mean']:.3f}"
-    )
+    print(summary_line(rows, run_dir))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 
+from zkl.experiments.schema import BenchRunConfig, CertRunConfig
 from zkl.run.compose import compose
 from zkl.run.schema import ZklConfig
 
@@ -49,6 +50,16 @@ def fake_gpus(monkeypatch, count: int, free_bytes: int = 10**15) -> None:
 
 def make_cfg(*overrides: str, quiet: bool = True) -> ZklConfig:
     return compose([*(QUIET if quiet else []), *overrides])
+
+
+def bench_cfg(*overrides: str) -> BenchRunConfig:
+    """The config `python -m zkl.bench <overrides>` runs with (the core keys and bench.*)."""
+    return compose([*QUIET, *overrides], schema=BenchRunConfig)
+
+
+def cert_cfg(*overrides: str) -> CertRunConfig:
+    """The config `python -m zkl.cert <overrides>` runs with (the core keys and cert.*)."""
+    return compose([*QUIET, *overrides], schema=CertRunConfig)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -5,7 +5,9 @@
   is a part of its own), entry points left out. A part's `config` module (its dataclass and
   check) is a leaf of its own that imports only other config leaves and errors.
 - A function-local import of a zkl module keeps an optional dependency lazy and says so
-  (a comment with the word "optional" on its line or the line above).
+  (a comment with the word "optional" on its line or the line above); in an entry point it
+  may keep torch unloaded until the command line and config are checked (the word "lazy").
+- The core knows nothing of the experiments: nothing under `zkl/run` imports `zkl.experiments`.
 - No module over 400 lines but the Triton kernels.
 - README.md's map of the modules is generated from the tree.
 """
@@ -130,10 +132,11 @@ def test_parts_depend_downward_only():
     assert cycles(parts) == []
 
 
-def explained(lines: list[str], lineno: int) -> bool:
-    """A comment on the import's line or the line above says the dependency is optional."""
+def explained(lines: list[str], lineno: int, words: tuple[str, ...] = ("optional",)) -> bool:
+    """A comment on the import's line or the line above says why the import is local."""
     context = lines[max(0, lineno - 2) : lineno]
-    return any("optional" in line.split("#", 1)[1] for line in context if "#" in line)
+    comments = [line.split("#", 1)[1] for line in context if "#" in line]
+    return any(word in comment for comment in comments for word in words)
 
 
 def test_config_leaves_import_only_leaves():
@@ -148,10 +151,19 @@ def test_function_local_imports_keep_an_optional_dependency_lazy():
     unexplained = []
     for name, path in MODULES.items():
         lines = path.read_text().splitlines()
+        words = ("optional", "lazy") if name in ENTRY_POINTS else ("optional",)
         for node in function_local_imports(ast.parse("\n".join(lines))):
-            if not explained(lines, node.lineno):
+            if not explained(lines, node.lineno, words):
                 unexplained.append(f"{name}:{node.lineno}")
     assert unexplained == []
+
+
+def test_the_core_run_imports_no_experiment():
+    """`python -m zkl` composes, checks and runs a config that holds no cert.* or bench.*."""
+    graph = import_graph()
+    for module in MODULES:
+        if module == "zkl.run" or module.startswith("zkl.run."):
+            assert not {t for t in graph[module] if t.startswith("zkl.experiments")}, module
 
 
 SIZED = {name: p for name, p in MODULES.items() if KERNELS not in p.parents}

@@ -8,6 +8,7 @@ import torch
 from zkl.errors import ConfigError
 from zkl.experiments import bench_rl
 from zkl.experiments.config import BenchConfig, check_bench
+from zkl.experiments.schema import BenchRunConfig
 from zkl.run.compose import compose
 
 
@@ -25,7 +26,8 @@ def test_shapes_parse_and_bad_ones_are_one_sentence():
 @pytest.mark.slow
 def test_rl_rows_time_both_modes_from_the_same_weights():
     cfg = compose(
-        ["tracking.wandb.mode=disabled", "bench.gen_shapes=[40x6x8]", "bench.step_shapes=[40x6x8]"]
+        ["tracking.wandb.mode=disabled", "bench.gen_shapes=[40x6x8]", "bench.step_shapes=[40x6x8]"],
+        schema=BenchRunConfig,
     )
     out = bench_rl.run_rl_bench(cfg, lambda partial: None, bandwidth=1e10)
     step = "rl_step/40x6x8"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SMALL, make_cfg
+from conftest import SMALL, cert_cfg
 from omegaconf import OmegaConf
 
 from zkl import invariance
@@ -64,15 +64,15 @@ def test_cert_cli_certifies_the_users_config(tmp_path):
 
 
 def test_beds_vary_only_the_named_axes():
-    cfg = make_cfg("model=tiny_moe", "model.num_hidden_layers=1", "+precision=fp32")
+    cfg = cert_cfg("model=tiny_moe", "model.num_hidden_layers=1", "+precision=fp32")
     assert beds(cfg) == [cfg]  # nothing named: the user's config is the one bed
-    named = beds(make_cfg("model.num_hidden_layers=1", "cert.models=[tiny_dense,tiny_moe]"))
+    named = beds(cert_cfg("model.num_hidden_layers=1", "cert.models=[tiny_dense,tiny_moe]"))
     assert [(b.model.name, b.model.num_hidden_layers) for b in named] == [
         ("tiny_dense", 1),
         ("tiny_moe", 1),
     ]
     assert named[1].model.num_experts == 8 and named[0].precision.name == "bf16"
-    kept = beds(make_cfg("+precision=fp32", "precision.master_weights_fp32=true", *MATRIX))
+    kept = beds(cert_cfg("+precision=fp32", "precision.master_weights_fp32=true", *MATRIX))
     assert len(kept) == 4 and {b.precision.name for b in kept} == {"bf16", "mxfp8"}
     assert all(b.precision.master_weights_fp32 for b in kept)
 
@@ -89,7 +89,7 @@ def test_beds_vary_only_the_named_axes():
 )
 def test_cert_refuses_what_it_cannot_certify(overrides, key, tmp_path):
     with pytest.raises(ConfigError, match=key.replace("[", r"\[").replace("]", r"\]")) as err:
-        run_cert(make_cfg(*overrides), tmp_path)
+        run_cert(cert_cfg(*overrides), tmp_path)
     assert str(err.value).count(". ") == 0  # one sentence
     assert not (tmp_path / "cert.jsonl").exists()  # refused before any work
 
@@ -102,7 +102,7 @@ def test_cert_cli_refusal_exits_2(tmp_path):
 
 def test_matrix_passes_and_fails_without_fixes(tmp_path):
     """The 8 step-0 beds of the CPU matrix pass; without fixes the user's bed fails."""
-    results = run_cert(make_cfg(*MATRIX, "cert.kv=[recompute,persist]"), tmp_path / "zero")
+    results = run_cert(cert_cfg(*MATRIX, "cert.kv=[recompute,persist]"), tmp_path / "zero")
     assert {r["bed"] for r in results} == {
         f"{m}/colocated/{p}/kv_{kv}"
         for m in ("tiny_dense", "tiny_moe")
@@ -110,12 +110,12 @@ def test_matrix_passes_and_fails_without_fixes(tmp_path):
         for kv in ("recompute", "persist")
     }
     assert all(r["passed"] and r["train/max_abs_logprob_diff"] == 0.0 for r in results)
-    (bad,) = run_cert(make_cfg("zero_train_gen_mismatch=false"), tmp_path / "off")
+    (bad,) = run_cert(cert_cfg("zero_train_gen_mismatch=false"), tmp_path / "off")
     assert bad["variant"] == "no_fixes" and not bad["passed"] and bad["result"] == "FAIL"
 
 
 def test_multi_step_cert_both_layouts(tmp_path):
-    cfg = make_cfg("cert.steps=2", "cert.layouts=[colocated,dedicated]", *MATRIX, *SMALL)
+    cfg = cert_cfg("cert.steps=2", "cert.layouts=[colocated,dedicated]", *MATRIX, *SMALL)
     results = run_cert(cfg, tmp_path)
     assert len(results) == 8  # 2 models x 2 layouts x {bf16, mxfp8}, kv=recompute
     assert all(r["passed"] and r["steps"] == 2 and r["nonzero_steps"] == 0 for r in results)
@@ -134,7 +134,7 @@ def test_all_equal_rewards_fail(tmp_path, monkeypatch):
 
     monkeypatch.setattr(AddTask, "reward", lambda self, problem, response: 1.0)
     row = _failed_because(
-        run_cert(make_cfg("cert.steps=2", *SMALL), tmp_path), "every advantage of step 0"
+        run_cert(cert_cfg("cert.steps=2", *SMALL), tmp_path), "every advantage of step 0"
     )
     assert row["train/max_abs_logprob_diff"] == 0.0 and row["update_norm"] == 0.0
 
@@ -142,7 +142,7 @@ def test_all_equal_rewards_fail(tmp_path, monkeypatch):
 def test_learning_rate_below_bf16_resolution_fails(tmp_path):
     """The fp32 master moves; the bf16 weights the generator gets do not (update_norm 0)."""
     row = _failed_because(
-        run_cert(make_cfg("cert.steps=2", "rl.lr=1e-9", *SMALL), tmp_path),
+        run_cert(cert_cfg("cert.steps=2", "rl.lr=1e-9", *SMALL), tmp_path),
         "changed none of the weights the generator gets",
     )
     assert row["train/max_abs_logprob_diff"] == 0.0 and row["update_norm"] == 0.0
@@ -154,14 +154,14 @@ def test_missing_refit_fails(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ColocatedGenerator, "refit", lambda self, state, version: None)
     row = _failed_because(
-        run_cert(make_cfg("cert.steps=2", *SMALL), tmp_path),
+        run_cert(cert_cfg("cert.steps=2", *SMALL), tmp_path),
         "step 1 rolled out with weight version 0, not the refitted 1",
     )
     assert row["train/max_abs_logprob_diff"] == 0.0
 
 
 def test_ablation_exposes_every_fix_on_the_default_bed(tmp_path):
-    results = run_cert(make_cfg("cert.ablate=true", *SMALL), tmp_path)
+    results = run_cert(cert_cfg("cert.ablate=true", *SMALL), tmp_path)
     (bed,) = [r for r in results if r["kind"] == "bed"]
     assert bed["passed"] and bed["variant"] == "all_fixes" and bed["mode"] == "step0"
     assert all(r["passed"] for r in results if r["kind"] == "reference")
@@ -181,7 +181,7 @@ def test_ablation_exposes_every_fix_on_the_default_bed(tmp_path):
 
 
 def test_ablation_mode_the_bed_cannot_run_is_a_row_not_a_refusal(tmp_path):
-    runs = plan(make_cfg("cert.ablate=true", "model.hidden_size=48"))
+    runs = plan(cert_cfg("cert.ablate=true", "model.hidden_size=48"))
     refused = [r for r in runs if r.refused]
     assert {r.fix for r in refused} == {
         None,  # the reference in that mode
@@ -197,7 +197,7 @@ def test_ablation_mode_the_bed_cannot_run_is_a_row_not_a_refusal(tmp_path):
 
 
 def test_no_effect_reasons_measured_on_the_cpu_are_not_claimed_on_cuda(monkeypatch):
-    cfg = make_cfg("model=tiny_moe")
+    cfg = cert_cfg("model=tiny_moe")
     assert "the CPU splits" in ablation.why_no_effect("batch_invariant_reductions", cfg)
     assert "the CPU engine" in ablation.why_no_effect("moe_combine_order", cfg)
     monkeypatch.setattr(ablation, "resolve_device", lambda name: torch.device("cuda"))

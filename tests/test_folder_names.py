@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import make_cfg
+from conftest import cert_cfg
 from test_hostile_input import assert_refused_before_work, run_entry
 
 from zkl.errors import ConfigError
@@ -29,17 +29,17 @@ def test_plain_names_pass(value):
 @pytest.mark.parametrize("value", ["../../../x", "/tmp/abs"])
 def test_a_bed_named_by_a_bad_value_is_refused_in_the_plan(key, value):
     with pytest.raises(ConfigError, match=rf"^{key}="):
-        plan(make_cfg(f"{key}={value}"))
+        plan(cert_cfg(f"{key}={value}"))
 
 
 @pytest.mark.parametrize("axis", ["models", "precisions", "layouts", "kv"])
 def test_a_bed_option_that_is_a_path_is_refused(axis):
     with pytest.raises(ConfigError, match=rf"^cert.{axis}='../precision/bf16' names a folder"):
-        plan(make_cfg(f"cert.{axis}=[../precision/bf16]"))
+        plan(cert_cfg(f"cert.{axis}=[../precision/bf16]"))
 
 
 def test_every_bed_folder_lies_inside_the_run_directory(tmp_path):
-    runs = plan(make_cfg("cert.models=[tiny_dense,tiny_moe]", "cert.kv=[recompute,persist]"))
+    runs = plan(cert_cfg("cert.models=[tiny_dense,tiny_moe]", "cert.kv=[recompute,persist]"))
     for run in runs:
         path = bed_dir(tmp_path, run)
         assert path.resolve().is_relative_to(tmp_path.resolve()) and ".." not in path.parts

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 import yaml
-from conftest import SMALL, make_cfg
+from conftest import SMALL, bench_cfg, make_cfg
 
 from zkl import invariance
 from zkl.generation.engine import GenerationEngine, Request
@@ -300,6 +300,6 @@ def test_hybrid_bench_on_cuda_times_the_mamba_fix(tmp_path):
     dense CUDA table (whose graphs a Mamba decode cannot use)."""
     from zkl.experiments.bench import run_bench
 
-    result = run_bench(make_cfg("model=tiny_hybrid", "device=cuda", *SMALL), tmp_path)
+    result = run_bench(bench_cfg("model=tiny_hybrid", "device=cuda", *SMALL), tmp_path)
     assert result["ratio/decode_time_mamba_fix_on_over_off"] > 0
     assert result["zero_without_mamba_fix/decode_tokens_per_s"] > 0

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import make_cfg
+from conftest import cert_cfg, make_cfg
 
 from zkl import memory
 from zkl.errors import ConfigError
@@ -61,7 +61,6 @@ IGNORED = [  # category 3: each could run as if it had not been given
     (["tracking.dump_tokens='99999999999999999999'"], "tracking.dump_tokens"),
     (["layout.timeout_s=0"], "layout.timeout_s"),
     (["layout.timeout_s=1e12"], "layout.timeout_s"),
-    (["cert.models=[]"], "cert.models"),
 ]
 SIZES = [  # category 4: each would hang or end in an allocator traceback
     (["rl.prompts_per_step=100000000"], "rl.prompts_per_step"),
@@ -182,14 +181,19 @@ def run_entry(module: str, args: list[str], run_dir: Path) -> subprocess.Complet
 
 
 def assert_refused_before_work(out: subprocess.CompletedProcess, run_dir: Path, key: str):
-    """Exit 2, one line naming `key`, no traceback, no model, only Hydra's files."""
+    """Exit 2, one line naming `key`, no traceback, no model; no run directory, or one with
+    only Hydra's files and error.txt holding that line (what the report shows)."""
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert out.returncode == 2, out.stderr[-2000:]
     assert len(lines) == 1 and key in lines[0], lines
     assert "Traceback" not in out.stderr and "a model was built" not in out.stderr
+    if not run_dir.exists():
+        return
     job = {"zkl": "__main__", "zkl.cert": "cert", "zkl.bench": "bench"}
-    hydra_files = {".hydra", f"{job[out.args[2]]}.log"}
+    hydra_files = {".hydra", f"{job[out.args[2]]}.log", "error.txt"}
     assert set(os.listdir(run_dir)) <= hydra_files
+    prog = out.args[2]
+    assert f"{prog}: " + (run_dir / "error.txt").read_text().strip() == lines[0]
 
 
 CLI = [  # (entry point, overrides, key): a few of each category through the real entry points
@@ -238,7 +242,7 @@ def test_a_diverged_update_stops_the_run_after_logging_its_step(tmp_path):
 def test_cert_fails_a_diverged_bed_and_certifies_the_rest(tmp_path):
     from zkl.experiments.cert import run_cert
 
-    cfg = make_cfg("rl.lr=1e30", "cert.steps=2", "cert.models=[tiny_dense,tiny_moe]")
+    cfg = cert_cfg("rl.lr=1e30", "cert.steps=2", "cert.models=[tiny_dense,tiny_moe]")
     rows = run_cert(cfg, tmp_path)
     assert len(rows) == 2
     assert all(not r["passed"] and "not finite" in r["result"] for r in rows)

@@ -123,12 +123,12 @@ def test_cert_refuses_a_run_directory_in_use_and_writes_nothing(tmp_path):
 
 
 def test_a_cert_bed_directory_is_locked_by_its_run(tmp_path):
-    from conftest import make_cfg
+    from conftest import cert_cfg
 
     from zkl.experiments.beds import bed_dir, plan
     from zkl.experiments.cert import run_cert
 
-    cfg = make_cfg("cert.steps=2")
+    cfg = cert_cfg("cert.steps=2")
     bed = bed_dir(tmp_path, plan(cfg)[0])
     proc = holder(bed)
     try:

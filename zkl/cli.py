@@ -1,7 +1,9 @@
 """What every entry point does with a failure: one line on stderr and an exit code.
 
 Exit 2: the config cannot work (`ConfigError`), found before any work, or a run directory
-that cannot be written. Exit 1: the run started and a fault stopped it (`RunFault`: the
+that cannot be written. A Hydra job that stops with a sentence (`job`) also leaves it in its
+run directory's `error.txt`, for the report; a command line refused before Hydra starts
+leaves no directory at all. Exit 1: the run started and a fault stopped it (`RunFault`: the
 generation process died, the disk filled). Exit 130: Ctrl-C; every step logged so far is
 complete. The Hydra callback `RunDirCheck` (conf/config.yaml) tests the run directory
 before Hydra writes into it, so an unwritable one is a sentence, not Hydra's traceback.
@@ -9,6 +11,8 @@ before Hydra writes into it, so an unwritable one is a sentence, not Hydra's tra
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -25,8 +29,11 @@ from omegaconf import OmegaConf, open_dict, read_write
 from zkl.errors import ConfigError, RunFault
 from zkl.help import help_text
 from zkl.run import overrides
-from zkl.run.compose import register
+from zkl.run.register import register
+from zkl.run.schema import ZklConfig
+from zkl.state import run_lock
 from zkl.state.requeue import submission_note
+from zkl.tracking.errors import clear_error, record_error
 
 MIN_FREE_BYTES = 1 << 20  # a run directory on a disk with less free space is refused
 
@@ -56,25 +63,37 @@ def _first_line(err: BaseException) -> str:
     return lines[0] if lines else type(err).__name__
 
 
-def hydra_entry(prog: str, hydra_main: Callable[[], None]) -> None:
-    """Run a `@hydra.main` function with Hydra's own errors as one sentence each.
+def check_command_line(prog: str, schema: type = ZklConfig) -> argparse.Namespace:
+    """`--help` answered and the overrides checked, before Hydra (and torch) loads.
 
-    The command line is checked first (`zkl.run.overrides.preflight`: unknown keys and group
-    options, with the nearest valid one), `--help` prints zkl's help (`zkl.help`), and an
-    error Hydra still raises (a bad config dir, a failed multirun job) ends in one line.
+    The command line is checked by `zkl.run.overrides.preflight` (unreadable overrides,
+    unknown keys and group options with the nearest valid one, groups given twice, values of
+    the wrong type); `--help` prints zkl's help for `schema` (`zkl.help`). `sys.argv` is
+    left normalized (`+group=option` as `group=option`).
     """
     argv = sys.argv[1:]
     args, _ = get_args_parser().parse_known_args(argv)
     if args.help:
-        print(help_text(prog))
+        print(help_text(prog, schema))
         sys.exit(0)
-    sys.argv[1:] = overrides.normalize(argv)
     try:
-        overrides.preflight(overrides.normalize(args.overrides), args.config_dir)
+        sys.argv[1:] = overrides.normalize(argv)
+        overrides.preflight(overrides.normalize(args.overrides), args.config_dir, schema)
     except ConfigError as err:
         _fail(prog, str(err), 2)
+    return args
+
+
+def hydra_entry(prog: str, hydra_main: Callable[[], None], schema: type = ZklConfig) -> None:
+    """Run a `@hydra.main` function with Hydra's own errors as one sentence each.
+
+    The command line is checked first (`check_command_line`), `schema` is registered as the
+    config's (`zkl.run.register`), and an error Hydra still raises (a bad config dir, a
+    failed multirun job) ends in one line.
+    """
+    check_command_line(prog, schema)
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises, this function says it in one line
-    register()  # the schema and resolvers conf/ names, in Hydra before it composes
+    register(schema)  # the schema and resolvers conf/ names, in Hydra before it composes
     try:
         hydra_main()
     except JobFailed as err:  # its sentence went out as the job failed
@@ -115,19 +134,53 @@ def guarded(prog: str, body: Callable[[], int | None]) -> None:
             _fail(prog, f"exit code {code}", code)
 
 
+def job(prog: str, body: Callable[[], int | None]) -> None:
+    """A Hydra job's body, `guarded`; a failure's sentence also goes to the job's `error.txt`.
+
+    A run refused before any work keeps the directory Hydra made for it (`.hydra/`), so it
+    says why there, for the report; an earlier attempt's error.txt is cleared first, unless
+    a live run holds the directory (then its error.txt is that run's, and this one is
+    refused for it).
+    """
+    run_dir = HydraConfig.get().runtime.output_dir
+    if not run_lock.in_use(run_dir):
+        clear_error(run_dir)
+
+    def recorded() -> int | None:
+        try:
+            return body()
+        except run_lock.RunDirInUse:
+            raise
+        except Exception as err:
+            record_error(run_dir, err)
+            raise
+
+    guarded(prog, recorded)
+
+
 def run_dir_problem(directory: str) -> str | None:
-    """Why `directory` cannot hold a run (created if missing), or None when it can."""
+    """Why `directory` cannot hold a run, or None when it can (then it exists).
+
+    A directory made here for a run that is refused is removed again: a refused run leaves
+    no directory, or one with `error.txt`.
+    """
     path = Path(directory)
+    made = not path.exists()
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):
             pass
         stat = os.statvfs(path)
     except OSError as err:
-        return f"cannot be written ({err.strerror or err})"
-    if stat.f_bavail * stat.f_frsize < MIN_FREE_BYTES:
-        return "is on a full disk"
-    return None
+        problem = f"cannot be written ({err.strerror or err})"
+    else:
+        if stat.f_bavail * stat.f_frsize >= MIN_FREE_BYTES:
+            return None
+        problem = "is on a full disk"
+    if made:
+        with contextlib.suppress(OSError):
+            path.rmdir()
+    return problem
 
 
 class RunDirCheck(Callback):

@@ -1,7 +1,8 @@
 """`--help` for the Hydra entry points, written from the config schema so it cannot drift.
 
-Each group of `ZklConfig` is listed with its options (`conf/<group>/*.yaml`) and every key
-with its default and the comment beside (or above) its field in the dataclass source.
+Each group of the entry point's schema (`ZklConfig`, or an experiment's extension of it with
+`cert.*` or `bench.*`) is listed with its options (`conf/<group>/*.yaml`) and every key with
+its default and the comment beside (or above) its field in the dataclass source.
 """
 
 from __future__ import annotations
@@ -62,14 +63,15 @@ def _keys(cls: type, prefix: str) -> list[str]:
     return out
 
 
-def help_text(prog: str) -> str:
+def help_text(prog: str, schema: type = ZklConfig) -> str:
+    """The help of `python -m prog`, whose config is `schema`."""
     lines = [
         f"python -m {prog} [group=option ...] [key=value ...]: {USAGE.get(prog, '')}",
         "",
         "Groups (conf/<group>/<option>.yaml; `+group=option` works too):",
     ]
     groups, top = [], []
-    for f in dataclasses.fields(ZklConfig):
+    for f in dataclasses.fields(schema):
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
         if dataclasses.is_dataclass(default):
             folder = CONF_DIR / f.name
@@ -84,7 +86,9 @@ def help_text(prog: str) -> str:
         else:
             top.append(f)
     lines += ["", "Keys (key=value; `python -m zkl --cfg job` prints the composed config):"]
-    comments = field_comments(ZklConfig)
+    comments: dict[str, str] = {}
+    for cls in reversed(schema.__mro__[:-1]):  # a schema's own fields and those it extends
+        comments.update(field_comments(cls))
     for f in top:
         note = comments.get(f.name, "")
         lines.append(f"  {f.name}={_value(f)}" + (f"  # {note}" if note else ""))

@@ -17,8 +17,8 @@ from typing import Any
 
 from zkl import invariance
 from zkl.device import resolve_device
+from zkl.experiments.schema import CertRunConfig
 from zkl.run.compose import with_group_option
-from zkl.run.schema import ZklConfig
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def mode_for(fix: str, cert_steps: int) -> Mode:
     return Mode()
 
 
-def in_mode(bed: ZklConfig, mode: Mode) -> ZklConfig:
+def in_mode(bed: CertRunConfig, mode: Mode) -> CertRunConfig:
     cfg = bed
     if mode.precision:
         cfg = with_group_option(cfg, "precision", mode.precision)
@@ -53,7 +53,7 @@ def in_mode(bed: ZklConfig, mode: Mode) -> ZklConfig:
     return dataclasses.replace(cfg, cert=dataclasses.replace(cfg.cert, steps=mode.steps))
 
 
-def variants(bed: ZklConfig) -> list[tuple[str, Mode, ZklConfig, ZklConfig]]:
+def variants(bed: CertRunConfig) -> list[tuple[str, Mode, CertRunConfig, CertRunConfig]]:
     """(fix, mode, all of the bed's fixes in that mode, the same with `fix` off) per fix on."""
     out = []
     for fix in invariance.FIXES:
@@ -65,7 +65,7 @@ def variants(bed: ZklConfig) -> list[tuple[str, Mode, ZklConfig, ZklConfig]]:
     return out
 
 
-def why_no_effect(fix: str, cfg: ZklConfig) -> str | None:
+def why_no_effect(fix: str, cfg: CertRunConfig) -> str | None:
     """The known reason `fix` cannot show in this run, if there is one. The kernel reasons
     were measured on the CPU engine; on CUDA none is claimed."""
     if fix == "mamba_chunked_decode" and "M" not in (cfg.model.hybrid_override_pattern or ""):
@@ -84,7 +84,7 @@ def why_no_effect(fix: str, cfg: ZklConfig) -> str | None:
     return None
 
 
-def verdict(fix: str, cfg: ZklConfig, row: dict[str, Any], reference: dict[str, Any]) -> str:
+def verdict(fix: str, cfg: CertRunConfig, row: dict[str, Any], reference: dict[str, Any]) -> str:
     """What turning `fix` off did in `row`, against all fixes on in the same mode."""
     if not reference["passed"]:
         return "unattributable: all fixes on is not exact in this mode"

@@ -15,8 +15,9 @@ from zkl.errors import ConfigError
 from zkl.experiments import ablation
 from zkl.experiments.ablation import Mode
 from zkl.experiments.certify import check
+from zkl.experiments.config import check_cert
+from zkl.experiments.schema import CertRunConfig
 from zkl.run.compose import with_group_option
-from zkl.run.schema import ZklConfig
 
 AXES = {"model": "models", "precision": "precisions", "layout": "layouts", "kv": "kv"}
 
@@ -38,7 +39,7 @@ def folder_name(value: str, key: str) -> str:
     return value
 
 
-def bed_name(cfg: ZklConfig) -> str:
+def bed_name(cfg: CertRunConfig) -> str:
     """`model/layout/precision/kv_mode[/wsN]`: a path under the run directory, checked part
     by part; a sharded trainer's world size is its own level."""
     parts = [folder_name(operator.attrgetter(k)(cfg), k) for k in FOLDER_KEYS]
@@ -46,7 +47,7 @@ def bed_name(cfg: ZklConfig) -> str:
     return "{}/{}/{}/kv_{}".format(*parts) + ranks
 
 
-def beds(cfg: ZklConfig) -> list[ZklConfig]:
+def beds(cfg: CertRunConfig) -> list[CertRunConfig]:
     """The user's config, varied along the axes the `cert` config names (null: not varied)."""
     options = []
     for group, axis in AXES.items():
@@ -76,9 +77,9 @@ class Run:
     bed: str
     kind: str  # "bed" | "reference" | "ablation"
     mode: Mode
-    cfg: ZklConfig
+    cfg: CertRunConfig
     fix: str | None = None  # the fix an ablation run turns off
-    reference: ZklConfig | None = None  # what an ablation run is judged against
+    reference: CertRunConfig | None = None  # what an ablation run is judged against
     refused: str | None = None  # why this machine cannot run an ablation mode of the bed
 
     @property
@@ -86,8 +87,9 @@ class Run:
         return invariance.label(invariance.from_config(self.cfg))
 
 
-def plan(cfg: ZklConfig) -> list[Run]:
+def plan(cfg: CertRunConfig) -> list[Run]:
     """Every run, each reference before the runs judged against it; all checked up front."""
+    check_cert(cfg.cert)
     if cfg.cert.steps == 1:
         raise ConfigError(
             "cert.steps=1 certifies no refit (its one rollout sees the initial weights); "

@@ -27,9 +27,12 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from zkl import invariance
-from zkl.cli import guarded, hydra_entry
+from zkl.cli import hydra_entry, job
 from zkl.data.tasks import build_task
+from zkl.device import resolve_device
 from zkl.experiments import bench_rl
+from zkl.experiments.config import check_bench
+from zkl.experiments.schema import BenchRunConfig
 from zkl.experiments.timing import format_table
 from zkl.experiments.transport_peak import peak_gb_per_s
 from zkl.experiments.workload import MODES
@@ -40,7 +43,7 @@ from zkl.layouts.transport import BROADCAST
 from zkl.precision import DTYPES
 from zkl.rl.loop import make_requests, validate_run
 from zkl.run.compose import to_object
-from zkl.run.schema import CONF_DIR, ZklConfig
+from zkl.run.schema import CONF_DIR
 from zkl.trainer.build import build_policy
 from zkl.trainer.policy import Policy
 from zkl.trainer.scoring import score
@@ -49,7 +52,7 @@ REPEATS = 5
 
 
 def measure(
-    cfg: ZklConfig, fixes: frozenset[str], policy: Policy, requests
+    cfg: BenchRunConfig, fixes: frozenset[str], policy: Policy, requests
 ) -> tuple[float, float, float]:
     """(generation, scoring, decode-only) tokens/s of one rollout batch under `fixes`."""
     with invariance.enabled(fixes):
@@ -67,7 +70,7 @@ def measure(
     return gen_tokens / (t1 - t0), scored / (t2 - t1), decoded / engine.stats.decode_s
 
 
-def measure_refit(cfg: ZklConfig, policy: Policy, eos_id: int) -> dict[str, float]:
+def measure_refit(cfg: BenchRunConfig, policy: Policy, eos_id: int) -> dict[str, float]:
     """Refit GB/s to the dedicated generator, median of REPEATS, and the transport's peak.
 
     A refit is timed as the training loop times it (`timing/refit_s`): packing, the
@@ -97,9 +100,10 @@ def measure_refit(cfg: ZklConfig, policy: Policy, eos_id: int) -> dict[str, floa
     return result
 
 
-def run_bench(cfg: ZklConfig, run_dir: str | Path) -> dict[str, float]:
+def run_bench(cfg: BenchRunConfig, run_dir: str | Path) -> dict[str, float]:
     task = build_task(cfg.task, cfg.model.vocab_size)
     validate_run(cfg, task)
+    check_bench(cfg.bench, resolve_device(cfg.device).type == "cuda")
     say(f"building {cfg.model.name} on {cfg.device}; results go to {Path(run_dir) / 'bench.json'}")
     policy = build_policy(cfg)
     hybrid = getattr(policy.model, "num_mamba_layers", 0) > 0
@@ -177,7 +181,7 @@ def run_cuda(model: torch.nn.Module, run_dir: str | Path) -> dict:
     return result
 
 
-def run_rl(cfg: ZklConfig, run_dir: str | Path) -> dict:
+def run_rl(cfg: BenchRunConfig, run_dir: str | Path) -> dict:
     """The RL-shaped rows (`bench_rl`), bench.json saved after every shape."""
     path = Path(run_dir) / "bench.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -194,7 +198,7 @@ def run_rl(cfg: ZklConfig, run_dir: str | Path) -> dict:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
 def main(dcfg: DictConfig) -> None:
-    guarded("zkl.bench", lambda: bench(dcfg))
+    job("zkl.bench", lambda: bench(dcfg))
 
 
 def bench(dcfg: DictConfig) -> None:
@@ -203,4 +207,4 @@ def bench(dcfg: DictConfig) -> None:
 
 def entry() -> None:
     """`python -m zkl.bench`'s command line."""
-    hydra_entry("zkl.bench", main)
+    hydra_entry("zkl.bench", main, BenchRunConfig)

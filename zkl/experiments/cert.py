@@ -38,14 +38,15 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from zkl import invariance
-from zkl.cli import guarded, hydra_entry
+from zkl.cli import hydra_entry, job
 from zkl.device import resolve_device
 from zkl.errors import NonFinite
 from zkl.experiments import ablation
 from zkl.experiments.beds import Run, bed_dir, plan
 from zkl.experiments.certify import certify
+from zkl.experiments.schema import CertRunConfig
 from zkl.run.compose import to_object
-from zkl.run.schema import CONF_DIR, ZklConfig
+from zkl.run.schema import CONF_DIR
 from zkl.state import run_lock
 
 RESULTS_FILE, TABLE_FILE = "cert.jsonl", "cert.txt"
@@ -78,7 +79,7 @@ def progress(message: str) -> None:
     print(f"zkl.cert {message}", file=sys.stderr, flush=True)
 
 
-def run_cert(cfg: ZklConfig, run_dir: str | Path) -> list[dict[str, Any]]:
+def run_cert(cfg: CertRunConfig, run_dir: str | Path) -> list[dict[str, Any]]:
     """Certify every bed (with cert.ablate, every fix off in turn); write and print the table."""
     run_dir = Path(run_dir)
     runs = plan(cfg)
@@ -151,7 +152,7 @@ def format_table(results: list[dict[str, Any]]) -> str:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
 def main(dcfg: DictConfig) -> None:
-    guarded("zkl.cert", lambda: certify_all(dcfg))
+    job("zkl.cert", lambda: certify_all(dcfg))
 
 
 def certify_all(dcfg: DictConfig) -> int:
@@ -179,4 +180,4 @@ def entry() -> None:
     if "--list-fixes" in sys.argv[1:]:
         print(list_fixes())
         sys.exit(0)
-    hydra_entry("zkl.cert", main)
+    hydra_entry("zkl.cert", main, CertRunConfig)

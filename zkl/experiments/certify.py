@@ -14,11 +14,11 @@ import torch
 from zkl import invariance
 from zkl.data.tasks import build_task
 from zkl.errors import ConfigError
+from zkl.experiments.schema import CertRunConfig
 from zkl.generation.engine import Request
 from zkl.layouts import build_generator
 from zkl.rl import loop
 from zkl.rl.metrics import mismatch_metrics
-from zkl.run.schema import ZklConfig
 from zkl.run.validate import validate
 from zkl.trainer.build import build_policy
 from zkl.trainer.scoring import score
@@ -33,13 +33,13 @@ SCHEDULES = [
 NUM_PROMPTS = 12
 
 
-def cert_requests(cfg: ZklConfig, task, seed: int) -> list[Request]:
+def cert_requests(cfg: CertRunConfig, task, seed: int) -> list[Request]:
     """Prompts of varied length behind the task's shared system prefix, one sample each."""
     prompts = task.varied_prompts(seed, NUM_PROMPTS)
     return loop.sampled_requests(cfg.sampling, prompts, [seed + i for i in range(len(prompts))])
 
 
-def check(cfg: ZklConfig) -> None:
+def check(cfg: CertRunConfig) -> None:
     """Every config check the run of `cfg` makes, made before any bed starts."""
     task = build_task(cfg.task, cfg.model.vocab_size)
     if cfg.cert.steps == 0 and cfg.trainer.world_size > 1:
@@ -54,7 +54,7 @@ def check(cfg: ZklConfig) -> None:
         loop.validate_run(cfg, task)
 
 
-def certify_step0(cfg: ZklConfig) -> dict[str, Any]:
+def certify_step0(cfg: CertRunConfig) -> dict[str, Any]:
     """Generate under every schedule, score under several groupings, compare every token."""
     check(cfg)
     task = build_task(cfg.task, cfg.model.vocab_size)
@@ -113,7 +113,7 @@ def untrained_steps(rows: list[dict[str, Any]]) -> list[str]:
     return reasons
 
 
-def certify_steps(cfg: ZklConfig, run_dir: Path) -> dict[str, Any]:
+def certify_steps(cfg: CertRunConfig, run_dir: Path) -> dict[str, Any]:
     """N real GRPO steps; the bed's metrics are the worst step's."""
     cfg = dataclasses.replace(
         cfg,
@@ -134,7 +134,7 @@ def certify_steps(cfg: ZklConfig, run_dir: Path) -> dict[str, Any]:
     return metrics
 
 
-def certify(cfg: ZklConfig, run_dir: Path) -> dict[str, Any]:
+def certify(cfg: CertRunConfig, run_dir: Path) -> dict[str, Any]:
     if cfg.cert.steps > 0:
         return certify_steps(cfg, run_dir)
     return certify_step0(cfg)

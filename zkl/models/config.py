@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from zkl.errors import ConfigError
 
@@ -18,6 +18,16 @@ SHAPE_KEYS = (
     "num_key_value_heads",
     "head_dim",
     "intermediate_size",
+)
+
+# Sizes and counts that shape, divide or step something in every family: 0 is never a model.
+AT_LEAST_ONE = (
+    *SHAPE_KEYS,
+    "max_position_embeddings",
+    "decoder_sparse_step",
+    "n_groups",
+    "n_group",
+    "topk_group",
 )
 
 
@@ -107,16 +117,11 @@ class ModelConfig:
 
 def validate_shapes(cfg: ModelConfig) -> None:
     """The rules every family shares; ValueError with one sentence naming the key to change.
-    (`zkl.models.registry.validate_model` adds the family's own.)"""
-    for key in (*SHAPE_KEYS, "max_position_embeddings"):
-        if getattr(cfg, key) <= 0:
-            raise ValueError(f"model.{key}={getattr(cfg, key)} must be positive.")
-    if cfg.rope_theta <= 0 or cfg.rms_norm_eps <= 0:
-        raise ValueError("model.rope_theta and model.rms_norm_eps must be positive.")
+    (`zkl.models.registry.validate_model` adds the family's own.) No torch: an entry point
+    runs these before torch loads."""
+    check_signs(cfg)
     if cfg.head_dim % 2:
         raise ValueError(f"model.head_dim={cfg.head_dim} must be even (rotary embedding pairs).")
-    if cfg.init_std <= 0:
-        raise ValueError(f"model.init_std={cfg.init_std} must be positive.")
     check_divides(cfg, "num_attention_heads", "hidden_size")
     check_divides(cfg, "num_key_value_heads", "num_attention_heads")
     if not 0 <= cfg.sliding_window <= cfg.max_position_embeddings:
@@ -127,10 +132,48 @@ def validate_shapes(cfg: ModelConfig) -> None:
         )
 
 
+def check_signs(cfg: ModelConfig) -> None:
+    """By type, for every family: each float (a scale, a rate, an epsilon, a clamp) above zero,
+    each count or size at least zero (those in AT_LEAST_ONE at least one), each listed layer
+    a layer of the model; the family rules then divide and compare safely."""
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, float) and not value > 0:
+            raise ValueError(f"model.{f.name}={value} must be positive.")
+        positive = f.name in AT_LEAST_ONE
+        if isinstance(value, int) and value < int(positive):
+            raise ValueError(
+                f"model.{f.name}={value} must be {'positive' if positive else '>= 0'}."
+            )
+    for layer in cfg.mlp_only_layers:
+        if not 0 <= layer < cfg.num_hidden_layers:
+            raise ValueError(
+                f"model.mlp_only_layers holds {layer}, not a layer of the "
+                f"model.num_hidden_layers={cfg.num_hidden_layers}."
+            )
+
+
 def check_dense(cfg: ModelConfig) -> None:
     """A family without Qwen3-MoE's experts keeps `num_experts` at 0."""
     if cfg.num_experts:
         raise ValueError(f"model.num_experts must be 0 for model.family={cfg.family!r}.")
+
+
+def check_no_routed_experts(cfg: ModelConfig) -> None:
+    """`n_routed_experts` counts a hybrid's experts; another family's are `num_experts`."""
+    if cfg.n_routed_experts:
+        raise ValueError(
+            f"model.n_routed_experts must be 0 for model.family={cfg.family!r} (its experts "
+            "are model.num_experts)."
+        )
+
+
+def check_plain_dense(cfg: ModelConfig) -> None:
+    """A dense transformer family: no experts of either kind."""
+    check_dense(cfg)
+    check_no_routed_experts(cfg)
 
 
 def check_divides(cfg: ModelConfig, part: str, whole: str) -> None:

@@ -3,7 +3,7 @@ optional biases, its RoPE scaling (`linear`, `llama3`) and Mistral's sliding win
 
 from __future__ import annotations
 
-from zkl.models.config import ModelConfig, check_dense
+from zkl.models.config import ModelConfig, check_plain_dense
 from zkl.models.family import Family
 from zkl.models.hf_config import (
     check_rope_type,
@@ -49,7 +49,7 @@ def _config_from_hf(hf: dict, base: ModelConfig) -> ModelConfig:
 _COMMON = dict(
     model_class=Transformer,
     config_from_hf=_config_from_hf,
-    validate=check_dense,
+    validate=check_plain_dense,
     init_weights=init_weights,
     modules=("zkl/models/llama_family.py",),
 )

@@ -98,6 +98,13 @@ def _validate(cfg: ModelConfig) -> None:
                 f"model.n_group={cfg.n_group} must divide model.n_routed_experts and "
                 f"model.topk_group={cfg.topk_group} must be between 1 and n_group."
             )
+        reachable = cfg.topk_group * (cfg.n_routed_experts // cfg.n_group)
+        if cfg.num_experts_per_tok > reachable:
+            raise ValueError(
+                f"model.num_experts_per_tok={cfg.num_experts_per_tok} is more than the "
+                f"{reachable} experts of the model.topk_group={cfg.topk_group} groups a token "
+                "may route to."
+            )
 
 
 NEMOTRON_H = Family(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zkl.models.config import ModelConfig, check_dense, check_top_k
+from zkl.models.config import ModelConfig, check_no_routed_experts, check_plain_dense, check_top_k
 from zkl.models.family import Family
 from zkl.models.hf_config import (
     check_rope_type,
@@ -56,6 +56,7 @@ def _config_from_hf(hf: dict, base: ModelConfig) -> ModelConfig:
 
 
 def _validate_moe(cfg: ModelConfig) -> None:
+    check_no_routed_experts(cfg)
     if cfg.num_experts <= 0:
         raise ValueError(f"model.num_experts must be positive for model.family={cfg.family!r}.")
     check_top_k(cfg, "num_experts")
@@ -76,14 +77,14 @@ QWEN2 = Family(
     name="qwen2",
     model_types=("qwen2",),
     architectures=("Qwen2ForCausalLM",),
-    validate=check_dense,
+    validate=check_plain_dense,
     **_COMMON,
 )
 QWEN3 = Family(
     name="qwen3",
     model_types=("qwen3",),
     architectures=("Qwen3ForCausalLM",),
-    validate=check_dense,
+    validate=check_plain_dense,
     **_COMMON,
 )
 QWEN3_MOE = Family(

@@ -1,8 +1,7 @@
-"""The typed config from Hydra: the schema registered at the entry point, overrides composed.
+"""The typed config from Hydra: the schema registered (`zkl.run.register`), overrides composed.
 
-Nothing here runs at import: `register` puts the schema in Hydra's ConfigStore and the
-resolvers the launcher YAML uses in OmegaConf, called by `zkl.cli.hydra_entry` before
-`@hydra.main` runs and by `compose`.
+`zkl.cli.hydra_entry` registers the entry point's schema before `@hydra.main` runs;
+`compose` does the same for tests and scripts.
 """
 
 from __future__ import annotations
@@ -12,26 +11,14 @@ from dataclasses import fields, replace
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
-from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from zkl.distributed.config import node_gpus, tasks_per_node
 from zkl.errors import ConfigError
-from zkl.layouts.config import layout_gpus
 from zkl.run.keys import reject_unknown_keys
 from zkl.run.model_from_checkpoint import hydra_overrides, resolve_checkpoint
 from zkl.run.overrides import normalize
+from zkl.run.register import register
 from zkl.run.schema import CONF_DIR, ZklConfig
-
-SCHEMA_NAME = "zkl_schema"  # conf/config.yaml's first default
-
-
-def register() -> None:
-    """The schema in Hydra's ConfigStore; the resolvers conf/hydra/launcher/slurm*.yaml use."""
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=ZklConfig)
-    OmegaConf.register_new_resolver("zkl_gpus", layout_gpus, replace=True)
-    OmegaConf.register_new_resolver("zkl_tasks_per_node", tasks_per_node, replace=True)
-    OmegaConf.register_new_resolver("zkl_node_gpus", node_gpus, replace=True)
 
 
 def to_object(cfg: DictConfig, overrides: list[str] | None = None) -> ZklConfig:
@@ -46,9 +33,10 @@ def to_object(cfg: DictConfig, overrides: list[str] | None = None) -> ZklConfig:
     return resolve_checkpoint(OmegaConf.to_object(cfg), overrides, str(CONF_DIR))
 
 
-def compose(overrides: list[str] | None = None) -> ZklConfig:
-    """The config `python -m zkl <overrides>` would run with (for tests and scripts)."""
-    register()
+def compose(overrides: list[str] | None = None, schema: type = ZklConfig) -> ZklConfig:
+    """The config `python -m zkl <overrides>` would run with (for tests and scripts); with an
+    experiment's schema (`zkl.experiments.schema`), the one its entry point would run with."""
+    register(schema)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         normalized = normalize(list(overrides or []))
         return to_object(hydra_compose("config", overrides=normalized), normalized)

@@ -1,10 +1,14 @@
 """Command-line overrides checked before Hydra sees them, so its own errors become one sentence.
 
-Hydra refuses a misspelt key (`rl.stepz=2`) or group option (`model=tiny_dens`) with its
-own multi-line message; `preflight` refuses them first, naming the nearest valid key or
-option. `normalize` lets every group of the primary defaults list be set with or without
-`+` (`precision=mxfp8` and `+precision=mxfp8` alike): Hydra rejects `+group=option` for a
-group that is already in the defaults list.
+Hydra refuses a misspelt key (`rl.stepz=2`) or group option (`model=tiny_dens`), an override
+its grammar cannot read (`rl.steps=$(id)`, a value with spaces or non-ASCII letters) and a
+value of the wrong type (`rl.steps=abc`) with its own multi-line message, and runs a group
+given twice (`model=a model=b`) with the last one; `preflight` refuses each first, in one
+sentence naming the override and the nearest valid key, option or spelling.
+
+`normalize` lets every group of the primary defaults list be set with or without `+`
+(`precision=mxfp8` and `+precision=mxfp8` alike): Hydra rejects `+group=option` for a group
+that is already in the defaults list.
 """
 
 from __future__ import annotations
@@ -12,9 +16,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from pathlib import Path
+from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import OmegaConf
+from hydra.core.override_parser.types import Override
+from omegaconf import OmegaConf, ValidationError
 
 from zkl.errors import ConfigError
 from zkl.run.keys import RENAMED, suggestion
@@ -74,21 +80,95 @@ def _schema_allows(key: str, schema: type) -> bool:
     return True
 
 
-def preflight(overrides: list[str], config_dir: str | None = None) -> None:
-    """Raise ConfigError, one sentence, for an unknown key or group option on the command line."""
-    dirs = [CONF_DIR] + ([Path(config_dir)] if config_dir else [])
+def _quoted(line: str) -> str:
+    """`key='value'`: the override as Hydra's grammar reads any value (spaces, $, non-ASCII)."""
+    key, _, value = line.partition("=")
+    if "'" not in value:
+        return f"{key}='{value}'"
+    if '"' not in value:
+        return f'{key}="{value}"'
+    return key + "='" + value.replace("'", "\\'") + "'"
+
+
+def _shell(arg: str) -> str:
+    """`arg` as one word of a POSIX shell command line, in double quotes."""
+    return '"' + "".join("\\" + c if c in '$`"\\' else c for c in arg) + '"'
+
+
+def parse(overrides: list[str]) -> list[Override]:
+    """Hydra's parse of the overrides; one that its grammar cannot read is one sentence."""
+    parser = OverridesParser.create()
+    parsed = []
+    for line in overrides:
+        try:
+            parsed += parser.parse_overrides([line])
+        except Exception:  # Hydra's grammar error: lexer jargon over several lines
+            quoted = _quoted(line)
+            try:
+                parser.parse_overrides([quoted])
+            except Exception:
+                raise ConfigError(
+                    f"the override {line!r} is not key=value (a key is letters, digits, _ "
+                    "and dots); `python -m zkl --help` lists the keys."
+                ) from None
+            raise ConfigError(
+                f"the override {line!r} cannot be read: an unquoted value takes only ASCII "
+                f"letters, digits and a few symbols, no spaces; quote the value, {quoted} "
+                f"(on a shell command line {_shell(quoted)})."
+            ) from None
+    return parsed
+
+
+_KINDS = {"Integer": "a whole number", "Float": "a number", "bool": "true or false"}
+
+
+def _check_type(o: Override, base: Any) -> None:
+    """The value converts to its key's type in the schema, as Hydra's merge will require."""
+    value = o.value()
+    if isinstance(value, str) and "${" in value:  # an interpolation: resolved later
+        return
     try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except Exception as err:  # Hydra's grammar error, first line only
-        raise ConfigError(f"cannot parse the overrides: {str(err).splitlines()[0]}") from None
+        OmegaConf.update(base, o.key_or_group, value, merge=True)
+    except ValidationError as err:
+        message = str(err).splitlines()[0]
+        if "is not Optional" in message:
+            raise ConfigError(f"{o.input_line}: {o.key_or_group} cannot be null.") from None
+        kind = next((k for word, k in _KINDS.items() if word in message), "another type")
+        if isinstance(value, list | dict):
+            kind = f"a list of {kind.removeprefix('a ')}s"
+        raise ConfigError(f"{o.input_line} must be {kind} ({o.key_or_group}).") from None
+    except Exception:  # anything else Hydra's own merge says in its words
+        return
+
+
+def preflight(
+    overrides: list[str], config_dir: str | None = None, schema: type = ZklConfig
+) -> None:
+    """Raise ConfigError, one sentence, for an override that Hydra would refuse or ignore.
+
+    An unreadable override, an unknown key or group option (with the nearest valid one), a
+    group given twice, a value of the wrong type; `schema` is the entry point's
+    (`ZklConfig`, or an experiment's extension of it).
+    """
+    dirs = [CONF_DIR] + ([Path(config_dir)] if config_dir else [])
+    parsed = parse(overrides)
+    base = OmegaConf.structured(schema)
+    groups_seen: dict[str, str] = {}
     for o in parsed:
         key = o.key_or_group
         if key.startswith("hydra") or o.is_delete() or o.package is not None:
             continue
         if key in RENAMED:  # with or without `+`: the old name would be ignored or refused
-            raise ConfigError(f"{key} is not a config key; {suggestion(key, ZklConfig)}")
+            raise ConfigError(f"{key} is not a config key; {suggestion(key, schema)}")
         options = group_options(key, dirs)
         if options:
+            if key in groups_seen:
+                raise ConfigError(
+                    f"the group {key} is given twice ({groups_seen[key]} and {o.input_line}), "
+                    "and only the last would run; give it once (several options: "
+                    f"-m {key}=a,b)."
+                )
+            groups_seen[key] = o.input_line
             if isinstance(o.value(), dict):
                 continue
             values = (
@@ -102,5 +182,8 @@ def preflight(overrides: list[str], config_dir: str | None = None) -> None:
                         f"{key}={value} is not an option of {key}; {_near(value, options)}"
                         f"the options are {', '.join(options)}."
                     )
-        elif not (o.is_add() or o.is_force_add()) and not _schema_allows(key, ZklConfig):
-            raise ConfigError(f"{key} is not a config key; {suggestion(key, ZklConfig)}")
+        elif not _schema_allows(key, schema):
+            if not (o.is_add() or o.is_force_add()):
+                raise ConfigError(f"{key} is not a config key; {suggestion(key, schema)}")
+        elif not o.is_sweep_override():
+            _check_type(o, base)

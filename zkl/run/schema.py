@@ -1,7 +1,9 @@
 """`ZklConfig`: the parts' config dataclasses under one root, the schema of conf/config.yaml.
 
 Each group's dataclass lives in the part that reads it; this module only composes them, so
-a misspelt key fails with Hydra's own error (and one added with `+`, in `to_object`).
+a misspelt key fails with Hydra's own error (and one added with `+`, in `to_object`). The
+experiments extend it with their own keys (`zkl.experiments.schema`: `cert.*`, `bench.*`);
+a training run knows nothing of them.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from dataclasses import dataclass, field
 
 from zkl.data.config import TaskConfig
 from zkl.distributed.config import TrainerConfig
-from zkl.experiments.config import BenchConfig, CertConfig
 from zkl.generation.config import EngineConfig, KVConfig, SamplingConfig
 from zkl.invariance import FixesConfig
 from zkl.layouts.config import LayoutConfig
@@ -35,10 +36,8 @@ class ZklConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
     rl: RLConfig = field(default_factory=RLConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    cert: CertConfig = field(default_factory=CertConfig)
     fixes: FixesConfig = field(default_factory=FixesConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    bench: BenchConfig = field(default_factory=BenchConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     resume: bool = False  # continue from run_dir/checkpoint.pt (zkl/state/checkpoint.py)
     zero_train_gen_mismatch: bool = True

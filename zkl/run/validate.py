@@ -1,9 +1,10 @@
 """Stop a config that cannot work before any work starts, in one sentence naming the key.
 
-Each part checks its own keys (its `check` beside its config dataclass); this module runs
-them in turn, then the checks that span parts: the device with the layout, the engine
-backend with the machine, CUDA graphs with the model, vocabulary and positions with the
-task, the weights with `model.checkpoint`, and the memory the whole run needs.
+Each part checks its own keys (its `check` beside its config dataclass); `zkl.run.checks`
+runs them in turn (without torch, so an entry point runs them first), then this module runs
+the checks that span parts: the device with the layout, the engine backend with the machine,
+CUDA graphs with the model, vocabulary and positions with the task, the weights with
+`model.checkpoint`, and the memory the whole run needs.
 """
 
 from __future__ import annotations
@@ -11,63 +12,36 @@ from __future__ import annotations
 from typing import Any
 
 from zkl.checkpoint_check import check_checkpoint
-from zkl.data import config as task_config
 from zkl.data.tasks import build_task
 from zkl.device import check_device, generator_device, resolve_device
 from zkl.distributed.checks import check_trainer
 from zkl.errors import ConfigError
-from zkl.experiments.config import check_bench, check_cert
 from zkl.generation import config as generation_config
 from zkl.generation.graphs import graph_unsupported_reason
-from zkl.layouts import config as layout_config
 from zkl.megatron.check import engine_problem
 from zkl.megatron.mapping import ENGINES
 from zkl.memory import check_memory
 from zkl.models.registry import validate_model
-from zkl.precision import config as precision_config
-from zkl.rl import config as rl_config
+from zkl.run.checks import check_parts
 from zkl.run.schema import ZklConfig
-from zkl.run.values import check_values
-from zkl.state import config as checkpoint_config
-from zkl.tracking import config as tracking_config
 from zkl.tracking.wandb_run import online_problem
-
-MAX_THREADS = 1024
 
 
 def validate(
     cfg: ZklConfig, vocab_needed: int | None = None, positions_needed: int | None = None
 ) -> None:
     """Raise ConfigError, one sentence naming the key to change, for a config that cannot work."""
-    check_values(cfg)  # first: a NaN or a huge integer passes every comparison below
+    check_parts(cfg)  # each part's own keys (zkl.run.checks), also run before torch loads
     try:
-        validate_model(cfg.model)
+        validate_model(cfg.model)  # the family's own rules (the registry imports the models)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    precision_config.check(cfg.precision, cfg.model)
-    layout_config.check(cfg.layout)
     on_cuda = _check_device(cfg)
     _check_backend(cfg, on_cuda)
-    generation_config.check(cfg.engine, cfg.kv, cfg.sampling)
     _check_graphs(cfg, on_cuda)
-    check_bench(cfg.bench, on_cuda)
-    rl_config.check(cfg.rl)
-    task_config.check(cfg.task)
-    if cfg.rl.val_every and cfg.task.name == "dataset" and not cfg.task.val_path:
-        raise ConfigError(
-            f"rl.val_every={cfg.rl.val_every} needs a validation split: set "
-            "task.val_path=FILE, or rl.val_every=0."
-        )
-    tracking_config.check(cfg.tracking)
     problem = online_problem(cfg.tracking.wandb)
     if problem:
         raise ConfigError(problem)
-    check_cert(cfg.cert)
-    checkpoint_config.check(cfg.checkpoint, cfg.resume)
-    if cfg.num_threads < 0:
-        raise ConfigError(f"num_threads={cfg.num_threads} must be >= 0 (0: torch's default).")
-    if cfg.num_threads > MAX_THREADS:
-        raise ConfigError(f"num_threads={cfg.num_threads} must be at most {MAX_THREADS}.")
     check_trainer(cfg)
     positions_needed = positions_needed or default_positions(cfg)
     _check_vocab_positions(cfg, vocab_needed, positions_needed)

@@ -1,0 +1,69 @@
+"""Each part's checks of its own keys, run before torch loads: a refusal is immediate.
+
+The parts' `config` leaves are imported by their own names (`from zkl.layouts.config import
+check`, never `from zkl.layouts import config`, which would run the part's `__init__`).
+`check_composed` is the first thing an entry point's Hydra job does with the composed
+config; `zkl.run.validate.validate` runs the same checks first, then the ones that need
+the machine, the model or the task (device, memory, tokenizer, weights).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from zkl.data.config import check as check_task
+from zkl.errors import ConfigError
+from zkl.generation.config import check as check_generation
+from zkl.layouts.config import check as check_layout
+from zkl.models.config import validate_shapes
+from zkl.precision.config import check as check_precision
+from zkl.rl.config import check as check_rl
+from zkl.run.keys import reject_unknown_keys
+from zkl.run.values import check_values
+from zkl.state.config import check as check_checkpoint
+from zkl.tracking.config import check as check_tracking
+
+MAX_THREADS = 1024
+
+
+def check_parts(cfg: Any, model: bool = True) -> None:
+    """Raise ConfigError, one sentence naming the key, for a part's key that cannot work.
+
+    `model=False` leaves the model's own checks to `validate`: the architecture of a run
+    with `model.checkpoint` and no model group comes from the checkpoint's config.json.
+    """
+    check_values(cfg)  # first: a NaN or a huge integer passes every comparison below
+    if model:
+        try:
+            validate_shapes(cfg.model)  # the family's own rules need torch: in validate
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        check_precision(cfg.precision, cfg.model)
+    check_layout(cfg.layout)
+    check_generation(cfg.engine, cfg.kv, cfg.sampling)
+    check_rl(cfg.rl)
+    check_task(cfg.task)
+    if cfg.rl.val_every and cfg.task.name == "dataset" and not cfg.task.val_path:
+        raise ConfigError(
+            f"rl.val_every={cfg.rl.val_every} needs a validation split: set "
+            "task.val_path=FILE, or rl.val_every=0."
+        )
+    check_tracking(cfg.tracking)
+    check_checkpoint(cfg.checkpoint, cfg.resume)
+    if cfg.num_threads < 0:
+        raise ConfigError(f"num_threads={cfg.num_threads} must be >= 0 (0: torch's default).")
+    if cfg.num_threads > MAX_THREADS:
+        raise ConfigError(f"num_threads={cfg.num_threads} must be at most {MAX_THREADS}.")
+
+
+def check_composed(dcfg: DictConfig) -> Any:
+    """The typed config of a Hydra job, its keys and each part's values checked (no torch).
+
+    The model is checked here unless `model.checkpoint` replaces it (then in `validate`).
+    """
+    reject_unknown_keys(dcfg)
+    cfg = OmegaConf.to_object(dcfg)
+    check_parts(cfg, model=not cfg.model.checkpoint)
+    return cfg

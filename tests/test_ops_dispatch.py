@@ -220,7 +220,7 @@ def _picks(fixes) -> dict[tuple[str, str], Callable]:
     """The form `ops.dispatch` picks for every op on each device under `fixes`."""
     with invariance.enabled(fixes):
         return {
-            (name, device): ops.dispatch(name, torch.device(device))
+            (name, device): ops.dispatch(name, device == "cuda")
             for name in ops.TABLE
             for device in ("cpu", "cuda")
         }
@@ -246,8 +246,8 @@ def test_turning_a_fix_off_changes_exactly_the_ops_the_table_assigns_to_it():
     all_on, all_off = _picks(everything), _picks(set())
     for (name, device), form in all_on.items():
         op = ops.TABLE[name]
-        assert form == op.form(device, op.fix is not None)
-        assert all_off[name, device] == op.form(device, False)
+        assert form == op.form(device == "cuda", op.fix is not None)
+        assert all_off[name, device] == op.form(device == "cuda", False)
     for fix in invariance.FIXES:
         governed = GOVERNED.get(fix, set())
         one_off, only_this = _picks(everything - {fix}), _picks({fix})

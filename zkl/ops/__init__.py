@@ -1,7 +1,7 @@
 """The kernels every engine path calls, each chosen by one rule from a table of forms.
 
 `TABLE` maps each op to the named fix that governs it and to its four forms: CPU fast, CPU
-invariant, CUDA fast, CUDA invariant. `dispatch(op, device)` is the one rule: the CUDA forms
+invariant, CUDA fast, CUDA invariant. `dispatch(op, cuda)` is the one rule: the CUDA forms
 for a CUDA tensor and the PyTorch forms for any other, the invariant one exactly when the
 op's fix is on (`zkl.invariance.is_enabled`). The fast forms are what a default engine runs
 (`fast`, cuBLAS, flash attention); the invariant ones are `invariant` (the CPU reference,
@@ -62,9 +62,9 @@ class Op:
             self.cpu_fast == self.cpu_invariant and self.cuda_fast == self.cuda_invariant
         ), "an op no fix governs has one form per device"
 
-    def form(self, device_type: str, invariant: bool) -> Callable:
-        """The cell of (device, fast or invariant): CUDA's for "cuda", the CPU's otherwise."""
-        if device_type == "cuda":
+    def form(self, cuda: bool, invariant: bool) -> Callable:
+        """The cell of (CUDA or the CPU's PyTorch, fast or invariant)."""
+        if cuda:
             return self.cuda_invariant if invariant else self.cuda_fast
         return self.cpu_invariant if invariant else self.cpu_fast
 
@@ -170,15 +170,20 @@ TABLE: dict[str, Op] = {
 }
 
 
-def dispatch(op: str, device: torch.device) -> Callable:
-    """The one rule: op's form for `device`, its invariant form exactly when its fix is on."""
+def dispatch(op: str, cuda: bool) -> Callable:
+    """The one rule: op's form for its tensors' device (`cuda`: on a CUDA device; any other
+    runs the PyTorch forms), its invariant form exactly when its fix is on.
+
+    The wrappers below pass `tensor.is_cuda`: reading `tensor.device` would cost each call a
+    device object.
+    """
     entry = TABLE[op]
-    return entry.form(device.type, entry.fix is not None and is_enabled(entry.fix))
+    return entry.form(cuda, entry.fix is not None and is_enabled(entry.fix))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x [..., K] @ weight [N, K].T + bias -> [..., N]."""
-    return dispatch("linear", x.device)(x, weight, bias)
+    return dispatch("linear", x.is_cuda)(x, weight, bias)
 
 
 def grouped_linear(
@@ -191,12 +196,12 @@ def grouped_linear(
     whatever the other groups hold. On CUDA one launch reads the offsets on the device (no
     host sync: a CUDA graph can hold it); the CPU loops over the groups on the host.
     """
-    return dispatch("grouped_linear", x.device)(x, weights, offsets)
+    return dispatch("grouped_linear", x.is_cuda)(x, weights, offsets)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim in fp32, rounded to x's dtype."""
-    return dispatch("rms_norm", x.device)(x, weight, eps)
+    return dispatch("rms_norm", x.is_cuda)(x, weight, eps)
 
 
 def add_rms_norm(
@@ -207,7 +212,7 @@ def add_rms_norm(
     The invariant CUDA form is one fused pass where no gradient is wanted (its bits are the
     add's then the norm's); every other form is the add, then `rms_norm`'s form.
     """
-    return dispatch("add_rms_norm", x.device)(x, delta, weight, eps)
+    return dispatch("add_rms_norm", x.is_cuda)(x, delta, weight, eps)
 
 
 def rotary(
@@ -217,7 +222,7 @@ def rotary(
 
     On CUDA without gradients one fused pass gives the torch form's bits.
     """
-    return dispatch("rotary", q.device)(q, k, cos, sin, positions)
+    return dispatch("rotary", q.is_cuda)(q, k, cos, sin, positions)
 
 
 def rotary_into_cache(
@@ -233,19 +238,19 @@ def rotary_into_cache(
 ) -> torch.Tensor:
     """`rotary`, then rotated k and v written to one layer's cache [S, Hkv, L, D] at row
     slots[b], position positions[b, t]; returns the rotated q. The gen path's (no grad)."""
-    form = dispatch("rotary_into_cache", q.device)
+    form = dispatch("rotary_into_cache", q.is_cuda)
     return form(q, k, v, cos, sin, positions, cache_k, cache_v, slots)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up. On CUDA every path runs the one fused Triton pass (its exponential
     is Triton's), so the train and gen paths share it in every mode."""
-    return dispatch("silu_mul", gate.device)(gate, up)
+    return dispatch("silu_mul", gate.is_cuda)(gate, up)
 
 
 def softmax(x: torch.Tensor) -> torch.Tensor:
     """fp32 softmax over the last dim (the MoE router); invariant with the reductions fix."""
-    return dispatch("softmax", x.device)(x)
+    return dispatch("softmax", x.is_cuda)(x)
 
 
 def attention(
@@ -261,7 +266,7 @@ def attention(
     `kv_rows[b]` (the KV-cache slot; default b). An option of the attention (a window, say)
     is a keyword that every one of its four forms takes.
     """
-    return dispatch("attention", q.device)(q, k, v, q_pos, kv_rows)
+    return dispatch("attention", q.is_cuda)(q, k, v, q_pos, kv_rows)
 
 
 def token_logprobs(
@@ -274,7 +279,7 @@ def token_logprobs(
     it; the generator does when `logprob_path` is on. Its vocab reduction is invariant with
     `batch_invariant_reductions` (CPU: torch's, measured row-invariant; CUDA: Triton).
     """
-    return dispatch("token_logprobs", logits.device)(logits, tokens, temperature)
+    return dispatch("token_logprobs", logits.is_cuda)(logits, tokens, temperature)
 
 
 def commit_samples(
@@ -284,7 +289,7 @@ def commit_samples(
     tokens [B] and logprobs [B] of the slots `rows` [B] into their outputs; count, position,
     next input and done flag updated; finished rows untouched. On CUDA one launch instead of
     some thirty (integer and copy work: the same bits)."""
-    dispatch("commit_samples", rows.device)(state, rows, tokens, logprobs, eos_id)
+    dispatch("commit_samples", rows.is_cuda)(state, rows, tokens, logprobs, eos_id)
 
 
 def gumbel_argmax(
@@ -300,7 +305,7 @@ def gumbel_argmax(
     fused Triton pass replaces the noise's forty int64 passes over [B, V], the key's hundred
     tiny kernels and the temperature's fp32 copy of the logits.
     """
-    return dispatch("gumbel_argmax", scores.device)(scores, seeds, counters, temperature)
+    return dispatch("gumbel_argmax", scores.is_cuda)(scores, seeds, counters, temperature)
 
 
 def ssd_commit_rows_(
@@ -314,4 +319,4 @@ def ssd_commit_rows_(
     """The Mamba-2 chunk commit in place: state[slots[r]] [S, H, P, N] fp32 moved to the end
     of row r's chunk, for the rows r where full[r] (`zkl.ops.ssd.commit`'s arithmetic). On
     CUDA the kernel reads the flags on the device, so a CUDA graph can hold the step."""
-    dispatch("ssd_commit_rows_", state.device)(state, slots, full, B, cum, xdt)
+    dispatch("ssd_commit_rows_", state.is_cuda)(state, slots, full, B, cum, xdt)

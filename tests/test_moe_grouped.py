@@ -7,15 +7,16 @@ so the layer's forward reads nothing back to the host in either mode.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from zkl import invariance
+from zkl import invariance, ops
 from zkl.models.config import ModelConfig
 from zkl.models.nemotron_h import HybridMoE
 from zkl.models.transformer import SparseMoE
-from zkl.ops import fast, invariant
 
 MOE = ModelConfig(
     family="qwen3_moe",
@@ -178,8 +179,10 @@ def test_moe_forward_reads_nothing_back_to_the_host(layer, fixed, monkeypatch):
     pytest.importorskip("triton")
     from zkl.ops.triton import grouped_gemm  # triton: an optional dependency
 
-    monkeypatch.setattr(invariant, "grouped_linear", grouped_gemm.grouped_linear)
-    monkeypatch.setattr(fast, "grouped_linear", grouped_gemm.grouped_linear_default)
+    table = ops.TABLE["grouped_linear"]  # the CPU cells take the CUDA forms
+    cuda_forms = {"cpu_fast": grouped_gemm.grouped_linear_default}
+    cuda_forms["cpu_invariant"] = grouped_gemm.grouped_linear
+    monkeypatch.setitem(ops.TABLE, "grouped_linear", dataclasses.replace(table, **cuda_forms))
     moe = _seeded(layer, torch.float32)
     x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(3))
     with invariance.enabled(FIXES if fixed else set()), torch.no_grad():

@@ -1,9 +1,11 @@
 """The named fixes (docs/design.md section 4) and the one scoped switch that turns them on.
 
 Every mismatch source is a registry entry with a stable name, its cause and its remedy.
-Code that has a fast path and an invariant path asks `is_enabled(name)`; the trainer and
-the generator run inside the same `enabled(...)` scope, so a sweep can turn one fix off
-(`fixes.<name>=false`) and attribute the gap to that source.
+Code that has a fast path and an invariant path asks `is_enabled(name)` (the kernels ask
+through `zkl.ops`' table, which names each op's fix); the trainer and the generator run
+inside the same `enabled(...)` scope, so a sweep can turn one fix off (`fixes.<name>=false`)
+and attribute the gap to that source. The set of fixes on is a `zkl.switch.Switch`, the
+mechanism behind every process-wide switch.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import contextlib
 import dataclasses
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+
+from zkl.switch import Switch
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,7 @@ FixesConfig = dataclasses.make_dataclass(
 FixesConfig.__module__ = __name__
 FixesConfig.__doc__ = "null: follow `zero_train_gen_mismatch`; true/false: force one fix."
 
-_active: frozenset[str] = frozenset()
+_ACTIVE: Switch[frozenset[str]] = Switch("fixes", frozenset())
 
 
 def resolve(zero_train_gen_mismatch: bool, overrides: Mapping[str, bool | None]) -> frozenset[str]:
@@ -133,27 +137,22 @@ def from_config(cfg) -> frozenset[str]:
 @contextlib.contextmanager
 def enabled(names: Iterable[str]) -> Iterator[frozenset[str]]:
     """Turn exactly `names` on for the duration of the block; the previous set comes back."""
-    global _active
     names = frozenset(names)
     unknown = names - set(FIXES)
     if unknown:
         raise ValueError(f"unknown fixes {sorted(unknown)}")
-    previous = _active
-    _active = names
-    try:
+    with _ACTIVE.scoped(names):
         yield names
-    finally:
-        _active = previous
 
 
 def is_enabled(name: str) -> bool:
     if name not in FIXES:
         raise KeyError(f"unknown fix {name!r}")
-    return name in _active
+    return name in _ACTIVE.get()
 
 
 def active() -> frozenset[str]:
-    return _active
+    return _ACTIVE.get()
 
 
 def label(on: Iterable[str]) -> str:

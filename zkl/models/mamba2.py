@@ -141,7 +141,7 @@ def chunk_row(
     visible = torch.arange(chunk, device=x.device) <= row[:, None]  # [b, s]
     y = _intra(C_row, cum_row, visible[:, None, None, :, None], Bc, cum, xdt)
     y = y + _off(C_row, cum_row, state[slots].unsqueeze(1))
-    ssd.commit_rows_(state, slots, row == chunk - 1, Bc, cum, xdt)
+    ops.ssd_commit_rows_(state, slots, row == chunk - 1, Bc, cum, xdt)
     return y[:, 0, 0]
 
 

@@ -1,33 +1,189 @@
-"""The kernels every engine path calls; each picks its form by device and named fix.
+"""The kernels every engine path calls, each chosen by one rule from a table of forms.
 
-Per fix: off -> `fast` (what a default engine runs on any device); on -> the invariant form
-of the tensor's device: `invariant` (CPU reference, the spec) or `cuda` (Triton kernels).
-No model or engine code branches on the device.
+`TABLE` maps each op to the named fix that governs it and to its four forms: CPU fast, CPU
+invariant, CUDA fast, CUDA invariant. `dispatch(op, cuda)` is the one rule: the CUDA forms
+for a CUDA tensor and the PyTorch forms for any other, the invariant one exactly when the
+op's fix is on (`zkl.invariance.is_enabled`). The fast forms are what a default engine runs
+(`fast`, cuBLAS, flash attention); the invariant ones are `invariant` (the CPU reference,
+the spec) and `cuda` (Triton). An op no fix governs has one form per device, written in
+both of its cells. No model or engine code branches on the device.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
-from types import ModuleType
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
-from zkl.invariance import is_enabled
-from zkl.ops import fast, invariant
+from zkl.invariance import FIXES, is_enabled
+from zkl.ops import fast, invariant, ssd
 
 
-def _cuda() -> ModuleType:
-    return importlib.import_module("zkl.ops.cuda")
+class _Cuda:
+    """The CUDA form `zkl.ops.cuda.<name>`, imported at its call: Triton is an optional
+    dependency the CPU path never needs."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __call__(self, *args, **kwargs):
+        return getattr(importlib.import_module("zkl.ops.cuda"), self.name)(*args, **kwargs)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Cuda) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(("zkl.ops.cuda", self.name))
+
+    def __repr__(self) -> str:
+        return f"zkl.ops.cuda.{self.name}"
 
 
-def _invariant_for(t: torch.Tensor) -> ModuleType:
-    return _cuda() if t.is_cuda else invariant
+@dataclass(frozen=True)
+class Op:
+    """One op's four forms and the fix that picks between each device's fast and invariant.
+
+    `fix` None: no fix governs the op, and each device's two cells hold its one form.
+    """
+
+    fix: str | None
+    cpu_fast: Callable
+    cpu_invariant: Callable
+    cuda_fast: Callable
+    cuda_invariant: Callable
+
+    def __post_init__(self):
+        assert self.fix is None or self.fix in FIXES, f"unknown fix {self.fix!r}"
+        assert self.fix is not None or (
+            self.cpu_fast == self.cpu_invariant and self.cuda_fast == self.cuda_invariant
+        ), "an op no fix governs has one form per device"
+
+    def form(self, cuda: bool, invariant: bool) -> Callable:
+        """The cell of (CUDA or the CPU's PyTorch, fast or invariant)."""
+        if cuda:
+            return self.cuda_invariant if invariant else self.cuda_fast
+        return self.cpu_invariant if invariant else self.cpu_fast
+
+
+GEMM, REDUCTIONS = "batch_invariant_gemm", "batch_invariant_reductions"
+
+TABLE: dict[str, Op] = {
+    "linear": Op(
+        GEMM,
+        cpu_fast=fast.linear,
+        cpu_invariant=invariant.linear,
+        cuda_fast=fast.linear,  # F.linear: cuBLAS picks the kernel and split-K by M
+        cuda_invariant=_Cuda("linear"),
+    ),
+    "grouped_linear": Op(
+        GEMM,
+        cpu_fast=fast.grouped_linear,
+        cpu_invariant=invariant.grouped_linear,
+        cuda_fast=_Cuda("grouped_linear_default"),
+        cuda_invariant=_Cuda("grouped_linear"),
+    ),
+    "rms_norm": Op(
+        REDUCTIONS,
+        cpu_fast=fast.rms_norm,
+        cpu_invariant=invariant.rms_norm,
+        cuda_fast=fast.rms_norm,
+        cuda_invariant=_Cuda("rms_norm"),
+    ),
+    "add_rms_norm": Op(
+        REDUCTIONS,
+        cpu_fast=fast.add_rms_norm,
+        cpu_invariant=invariant.add_rms_norm,
+        cuda_fast=fast.add_rms_norm,
+        cuda_invariant=_Cuda("add_rms_norm"),
+    ),
+    "softmax": Op(
+        REDUCTIONS,
+        cpu_fast=fast.softmax,
+        # torch's fp32 softmax is row-invariant on the CPU (measured, docs/design.md section 4)
+        cpu_invariant=fast.softmax,
+        cuda_fast=fast.softmax,
+        cuda_invariant=_Cuda("softmax"),
+    ),
+    "token_logprobs": Op(
+        REDUCTIONS,
+        cpu_fast=fast.token_logprobs,
+        # torch's log_softmax is row-invariant on the CPU (measured, docs/design.md section 4)
+        cpu_invariant=fast.token_logprobs,
+        cuda_fast=fast.token_logprobs,
+        cuda_invariant=_Cuda("token_logprobs"),
+    ),
+    "attention": Op(
+        "attention_fixed_split",
+        cpu_fast=fast.attention,  # SDPA
+        cpu_invariant=invariant.attention,
+        cuda_fast=_Cuda("attention_default"),  # flash for scoring, flash-decoding for decode
+        cuda_invariant=_Cuda("attention"),
+    ),
+    # No fix governs the rest: each device's one form serves every mode (CUDA's fused passes
+    # give the torch forms' bits, or are the only form both paths run).
+    "rotary": Op(
+        None,
+        cpu_fast=fast.rotary,
+        cpu_invariant=fast.rotary,
+        cuda_fast=_Cuda("rotary"),
+        cuda_invariant=_Cuda("rotary"),
+    ),
+    "rotary_into_cache": Op(
+        None,
+        cpu_fast=fast.rotary_into_cache,
+        cpu_invariant=fast.rotary_into_cache,
+        cuda_fast=_Cuda("rotary_into_cache"),
+        cuda_invariant=_Cuda("rotary_into_cache"),
+    ),
+    "silu_mul": Op(
+        None,
+        cpu_fast=fast.silu_mul,
+        cpu_invariant=fast.silu_mul,
+        cuda_fast=_Cuda("silu_mul"),
+        cuda_invariant=_Cuda("silu_mul"),
+    ),
+    "gumbel_argmax": Op(
+        None,
+        cpu_fast=fast.gumbel_argmax,
+        cpu_invariant=fast.gumbel_argmax,
+        cuda_fast=_Cuda("gumbel_argmax"),
+        cuda_invariant=_Cuda("gumbel_argmax"),
+    ),
+    "commit_samples": Op(
+        None,
+        cpu_fast=fast.commit_samples,
+        cpu_invariant=fast.commit_samples,
+        cuda_fast=_Cuda("commit_samples"),
+        cuda_invariant=_Cuda("commit_samples"),
+    ),
+    "ssd_commit_rows_": Op(
+        None,
+        cpu_fast=ssd.commit_rows_,
+        cpu_invariant=ssd.commit_rows_,
+        cuda_fast=_Cuda("ssd_commit_rows_"),
+        cuda_invariant=_Cuda("ssd_commit_rows_"),
+    ),
+}
+
+
+def dispatch(op: str, cuda: bool) -> Callable:
+    """The one rule: op's form for its tensors' device (`cuda`: on a CUDA device; any other
+    runs the PyTorch forms), its invariant form exactly when its fix is on.
+
+    The wrappers below pass `tensor.is_cuda`: reading `tensor.device` would cost each call a
+    device object.
+    """
+    entry = TABLE[op]
+    return entry.form(cuda, entry.fix is not None and is_enabled(entry.fix))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    impl = _invariant_for(x) if is_enabled("batch_invariant_gemm") else fast
-    return impl.linear(x, weight, bias)
+    """x [..., K] @ weight [N, K].T + bias -> [..., N]."""
+    return dispatch("linear", x.is_cuda)(x, weight, bias)
 
 
 def grouped_linear(
@@ -40,17 +196,12 @@ def grouped_linear(
     whatever the other groups hold. On CUDA one launch reads the offsets on the device (no
     host sync: a CUDA graph can hold it); the CPU loops over the groups on the host.
     """
-    fixed = is_enabled("batch_invariant_gemm")
-    if x.is_cuda:
-        cuda = _cuda()
-        impl = cuda.grouped_linear if fixed else cuda.grouped_linear_default
-        return impl(x, weights, offsets)
-    return (invariant if fixed else fast).grouped_linear(x, weights, offsets)
+    return dispatch("grouped_linear", x.is_cuda)(x, weights, offsets)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    impl = _invariant_for(x) if is_enabled("batch_invariant_reductions") else fast
-    return impl.rms_norm(x, weight, eps)
+    """RMSNorm over the last dim in fp32, rounded to x's dtype."""
+    return dispatch("rms_norm", x.is_cuda)(x, weight, eps)
 
 
 def add_rms_norm(
@@ -58,14 +209,10 @@ def add_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + delta, rms_norm(x + delta, weight)): the residual stream and the next layer's input.
 
-    One fused pass where the invariant CUDA norm runs and no gradient is wanted (its bits are
-    the add's then the norm's); elsewhere the add, then `rms_norm`.
+    The invariant CUDA form is one fused pass where no gradient is wanted (its bits are the
+    add's then the norm's); every other form is the add, then `rms_norm`'s form.
     """
-    needs_grad = torch.is_grad_enabled() and (x.requires_grad or delta.requires_grad)
-    if x.is_cuda and is_enabled("batch_invariant_reductions") and not needs_grad:
-        return _cuda().add_rms_norm(x, delta, weight, eps)
-    total = x + delta
-    return total, rms_norm(total, weight, eps)
+    return dispatch("add_rms_norm", x.is_cuda)(x, delta, weight, eps)
 
 
 def rotary(
@@ -73,11 +220,9 @@ def rotary(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE of q [B, T, Hq, D] and k [B, T, Hkv, D] at positions [B, T]: new [B, T, H, D].
 
-    Not a fix: on CUDA without gradients one fused pass gives the torch form's bits.
+    On CUDA without gradients one fused pass gives the torch form's bits.
     """
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
-    impl = _cuda() if q.is_cuda and not needs_grad else fast
-    return impl.rotary(q, k, cos, sin, positions)
+    return dispatch("rotary", q.is_cuda)(q, k, cos, sin, positions)
 
 
 def rotary_into_cache(
@@ -93,21 +238,19 @@ def rotary_into_cache(
 ) -> torch.Tensor:
     """`rotary`, then rotated k and v written to one layer's cache [S, Hkv, L, D] at row
     slots[b], position positions[b, t]; returns the rotated q. The gen path's (no grad)."""
-    impl = _cuda() if q.is_cuda else fast
-    return impl.rotary_into_cache(q, k, v, cos, sin, positions, cache_k, cache_v, slots)
+    form = dispatch("rotary_into_cache", q.is_cuda)
+    return form(q, k, v, cos, sin, positions, cache_k, cache_v, slots)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up. Not a fix: on CUDA every path runs the one fused Triton pass (its
-    exponential is Triton's), so the train and gen paths share it in every mode."""
-    impl = _cuda() if gate.is_cuda else fast
-    return impl.silu_mul(gate, up)
+    """silu(gate) * up. On CUDA every path runs the one fused Triton pass (its exponential
+    is Triton's), so the train and gen paths share it in every mode."""
+    return dispatch("silu_mul", gate.is_cuda)(gate, up)
 
 
 def softmax(x: torch.Tensor) -> torch.Tensor:
     """fp32 softmax over the last dim (the MoE router); invariant with the reductions fix."""
-    impl = _invariant_for(x) if is_enabled("batch_invariant_reductions") else fast
-    return impl.softmax(x)
+    return dispatch("softmax", x.is_cuda)(x)
 
 
 def attention(
@@ -122,13 +265,10 @@ def attention(
 
     q_pos [B, Tq] are the queries' absolute positions; batch row b reads the keys of row
     `kv_rows[b]` (the KV-cache slot; default b); `window` W > 0 (sliding window): a query at
-    p sees only the keys p-W+1..p.
+    p sees only the keys p-W+1..p. An option of the attention is a keyword that every one of
+    its four forms takes.
     """
-    if is_enabled("attention_fixed_split"):
-        return _invariant_for(q).attention(q, k, v, q_pos, kv_rows, window=window)
-    if q.is_cuda:  # flash for scoring, flash-decoding for decode, as a fast engine runs
-        return _cuda().attention_default(q, k, v, q_pos, kv_rows, window=window)
-    return fast.attention(q, k, v, q_pos, kv_rows, window=window)
+    return dispatch("attention", q.is_cuda)(q, k, v, q_pos, kv_rows, window=window)
 
 
 def token_logprobs(
@@ -141,9 +281,7 @@ def token_logprobs(
     it; the generator does when `logprob_path` is on. Its vocab reduction is invariant with
     `batch_invariant_reductions` (CPU: torch's, measured row-invariant; CUDA: Triton).
     """
-    if logits.is_cuda and is_enabled("batch_invariant_reductions"):
-        return _invariant_for(logits).token_logprobs(logits, tokens, temperature)
-    return fast.token_logprobs(logits, tokens, temperature)
+    return dispatch("token_logprobs", logits.is_cuda)(logits, tokens, temperature)
 
 
 def commit_samples(
@@ -153,8 +291,7 @@ def commit_samples(
     tokens [B] and logprobs [B] of the slots `rows` [B] into their outputs; count, position,
     next input and done flag updated; finished rows untouched. On CUDA one launch instead of
     some thirty (integer and copy work: the same bits)."""
-    impl = _cuda() if rows.is_cuda else fast
-    impl.commit_samples(state, rows, tokens, logprobs, eos_id)
+    dispatch("commit_samples", rows.is_cuda)(state, rows, tokens, logprobs, eos_id)
 
 
 def gumbel_argmax(
@@ -166,10 +303,22 @@ def gumbel_argmax(
     """Gumbel-max sampling: first argmax of scores [B, V] (divided by `temperature` [B] in
     fp32 when given) + `zkl.rng.gumbel(zkl.rng.key(seeds, counters), V)`.
 
-    Not a fix (every mode samples this way, and a row's draw never reads another row): on
-    CUDA one fused Triton pass replaces the noise's forty int64 passes over [B, V], the
-    key's hundred tiny kernels and the temperature's fp32 copy of the logits.
+    Every mode samples this way, and a row's draw never reads another row: on CUDA one
+    fused Triton pass replaces the noise's forty int64 passes over [B, V], the key's hundred
+    tiny kernels and the temperature's fp32 copy of the logits.
     """
-    if scores.is_cuda:
-        return _cuda().gumbel_argmax(scores, seeds, counters, temperature)
-    return fast.gumbel_argmax(scores, seeds, counters, temperature)
+    return dispatch("gumbel_argmax", scores.is_cuda)(scores, seeds, counters, temperature)
+
+
+def ssd_commit_rows_(
+    state: torch.Tensor,
+    slots: torch.Tensor,
+    full: torch.Tensor,
+    B: torch.Tensor,
+    cum: torch.Tensor,
+    xdt: torch.Tensor,
+) -> None:
+    """The Mamba-2 chunk commit in place: state[slots[r]] [S, H, P, N] fp32 moved to the end
+    of row r's chunk, for the rows r where full[r] (`zkl.ops.ssd.commit`'s arithmetic). On
+    CUDA the kernel reads the flags on the device, so a CUDA graph can hold the step."""
+    dispatch("ssd_commit_rows_", state.is_cuda)(state, slots, full, B, cum, xdt)

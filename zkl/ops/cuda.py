@@ -1,13 +1,22 @@
-"""The batch-invariant CUDA forms of the kernels (Triton), behind the same names as the CPU's.
+"""The CUDA forms of the kernels (Triton), fast and invariant, behind the CPU forms' names.
 
-Imported only when a tensor is on a CUDA device, so the CPU path never needs Triton.
+`zkl.ops`' table names each op's CUDA cells here; it imports this module only when a tensor
+is on a CUDA device, so the CPU path never needs Triton. Most names are the kernel modules'
+own; the few below adapt a kernel to the op's signature (a gradient's fallback, the SSD
+commit's exponentials).
 """
 
 from __future__ import annotations
 
+import torch
+
+from zkl.ops import fast
+from zkl.ops.ssd import decays
+from zkl.ops.triton import fused
+from zkl.ops.triton import ssd as ssd_kernel
 from zkl.ops.triton.attention import attention, attention_default
 from zkl.ops.triton.commit import commit_samples
-from zkl.ops.triton.fused import add_rms_norm, rotary, rotary_into_cache, silu_mul
+from zkl.ops.triton.fused import rotary_into_cache, silu_mul
 from zkl.ops.triton.gemm import linear
 from zkl.ops.triton.grouped_gemm import grouped_linear, grouped_linear_default
 from zkl.ops.triton.rowwise import rms_norm, softmax, token_logprobs
@@ -27,5 +36,46 @@ __all__ = [
     "rotary_into_cache",
     "silu_mul",
     "softmax",
+    "ssd_commit_rows_",
     "token_logprobs",
 ]
+
+
+def _wants_grad(*tensors: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The invariant form: one fused pass (the add's bits, then the norm kernel's) where no
+    gradient is wanted; with one, the add, then the norm kernel (which has a backward)."""
+    if _wants_grad(x, delta):
+        total = x + delta
+        return total, rms_norm(total, weight, eps)
+    return fused.add_rms_norm(x, delta, weight, eps)
+
+
+def rotary(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One fused pass with the torch form's bits where no gradient is wanted; with one, the
+    torch form (the fused pass has no backward)."""
+    if _wants_grad(q, k):
+        return fast.rotary(q, k, cos, sin, positions)
+    return fused.rotary(q, k, cos, sin, positions)
+
+
+def ssd_commit_rows_(
+    state: torch.Tensor,
+    slots: torch.Tensor,
+    full: torch.Tensor,
+    B: torch.Tensor,
+    cum: torch.Tensor,
+    xdt: torch.Tensor,
+) -> None:
+    """`zkl.ops.ssd.commit_rows_` on the device: the row flags read by the kernel, not the
+    host, so a CUDA graph can hold the step; the exponentials are torch's, as the train
+    path's."""
+    to_end, decay = decays(cum)
+    ssd_kernel.commit_rows_(state, slots, full, B[:, 0], to_end[:, 0], xdt[:, 0], decay)

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
 
 from zkl import rng
 from zkl.ops.invariant import grouped_by_host_loop
+from zkl.switch import Switch
 
-_STATIC_SHAPES: ContextVar[bool] = ContextVar("static_shapes", default=False)
+_STATIC_SHAPES: Switch[bool] = Switch("static_shapes", False)
 
 
 @contextmanager
@@ -20,11 +20,8 @@ def static_shapes() -> Iterator[None]:
     """Shapes fixed by the buffers, nothing read back to the host: how a CUDA graph's step
     must run. Its warm-up runs under it too, so the kernels the capture records (and their
     cuDNN plans, built on first use) are the ones warmed up, never built while capturing."""
-    token = _STATIC_SHAPES.set(True)
-    try:
+    with _STATIC_SHAPES.scoped(True):
         yield
-    finally:
-        _STATIC_SHAPES.reset(token)
 
 
 def shapes_are_static(device: torch.device) -> bool:
@@ -40,8 +37,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
 def grouped_linear(
     x: torch.Tensor, weights: Sequence[torch.Tensor], offsets: torch.Tensor
 ) -> torch.Tensor:
-    """Group e (rows offsets[e]:offsets[e + 1]) @ weights[e].T, one `F.linear` a group (the
-    CPU's: a host loop costs it nothing; CUDA runs `zkl.ops.cuda.grouped_linear_default`)."""
+    """Group e (rows offsets[e]:offsets[e + 1]) @ weights[e].T, one `F.linear` a group: the
+    CPU's fast form (a host loop costs it nothing; CUDA's is one grouped Triton launch)."""
     return grouped_by_host_loop(linear, x, weights, offsets)
 
 
@@ -49,6 +46,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (out * weight.float()).to(x.dtype)
+
+
+def add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, rms_norm(x + delta)): the add, then the norm."""
+    total = x + delta
+    return total, rms_norm(total, weight, eps)
 
 
 def softmax(x: torch.Tensor) -> torch.Tensor:

@@ -76,9 +76,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (out * weight.float()).to(x.dtype)
 
 
-def softmax(x: torch.Tensor) -> torch.Tensor:
-    """fp32 softmax; torch's is row-invariant on the CPU (measured, docs/design.md section 4)."""
-    return torch.softmax(x.float(), dim=-1)
+def add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, rms_norm(x + delta)): the add, then the invariant norm."""
+    total = x + delta
+    return total, rms_norm(total, weight, eps)
 
 
 def attention(

@@ -1,15 +1,14 @@
 """The Mamba-2 (SSD) chunk commit: the state at a chunk's end from the state at its start.
 
 One definition for the train path's inter-chunk recurrence and for decode under
-`mamba_chunked_decode`, which commits a row's state only when its chunk fills. On the CPU
-the filled rows are picked on the host; on CUDA a Triton kernel reads the row flags on the
-device and updates the state in place (`zkl.ops.triton.ssd`), so a decode step holds no
-host sync and a CUDA graph can capture it, with the same bits.
+`mamba_chunked_decode`, which commits a row's state only when its chunk fills
+(`zkl.ops.ssd_commit_rows_`, dispatched by `zkl.ops`' table). The CPU form here picks the
+filled rows on the host; the CUDA form (`zkl.ops.cuda.ssd_commit_rows_`) is a Triton kernel
+that reads the row flags on the device and updates the state in place (`zkl.ops.triton.ssd`),
+so a decode step holds no host sync and a CUDA graph can capture it, with the same bits.
 """
 
 from __future__ import annotations
-
-import importlib
 
 import torch
 
@@ -39,12 +38,9 @@ def commit_rows_(
     xdt: torch.Tensor,
 ) -> None:
     """state[slots[r]] <- `commit` of it over row r's chunk, for the rows r where full[r];
-    state [S, H, P, N] fp32, slots and full [b], the chunk tensors as `commit`'s."""
-    if state.is_cuda:
-        kernel = importlib.import_module("zkl.ops.triton.ssd")  # Triton: CUDA only
-        to_end, decay = decays(cum)
-        kernel.commit_rows_(state, slots, full, B[:, 0], to_end[:, 0], xdt[:, 0], decay)
-        return
-    if bool(full.any()):  # the CPU picks the filled rows on the host
+    state [S, H, P, N] fp32, slots and full [b], the chunk tensors as `commit`'s.
+
+    The CPU form: it picks the filled rows on the host (a read the CPU pays nothing for)."""
+    if bool(full.any()):
         at = slots[full]
         state[at] = commit(state[at], B[full], cum[full], xdt[full])

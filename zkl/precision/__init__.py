@@ -47,11 +47,12 @@ from torch import nn
 
 from zkl.precision.fp8_tensor import fake_quantize_fp8_tensor
 from zkl.precision.mx import fake_quantize_mxfp8
+from zkl.switch import Switch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 # The active generation-side cache of quantized weights (None: quantize on every call).
-_weight_cache: dict[int, torch.Tensor] | None = None
+_WEIGHT_CACHE: Switch[dict[int, torch.Tensor] | None] = Switch("weight_cache", None)
 
 
 class _StraightThrough(torch.autograd.Function):
@@ -141,13 +142,10 @@ def weight_cache(cache: dict[int, torch.Tensor]) -> Iterator[None]:
     must clear the cache after every refit (fix `quantized_weight_refresh`). The cache does
     not notice changed weights by itself (by `weight._version`, say) on purpose: invalidation
     is the refit's explicit job, and the fix's test shows what happens when it is skipped.
+    The active cache is a `zkl.switch.Switch`, the one mechanism the fixes' switch uses too.
     """
-    global _weight_cache
-    previous, _weight_cache = _weight_cache, cache
-    try:
+    with _WEIGHT_CACHE.scoped(cache):
         yield
-    finally:
-        _weight_cache = previous
 
 
 def quantize_parts(
@@ -177,14 +175,15 @@ def linear_weight_and_input(
     if quantize is None:
         return module.weight, x
     parts = list(module.parts.values())
-    if _weight_cache is None:
+    cache = _WEIGHT_CACHE.get()
+    if cache is None:
         weight = quantize_parts(quantize, module.weight, parts)
     else:
         assert not torch.is_grad_enabled(), "a weight cache is for inference (no_grad) only"
-        weight = _weight_cache.get(id(module))
+        weight = cache.get(id(module))
         if weight is None:
             weight = quantize_parts(quantize, module.weight.detach(), parts)
-            _weight_cache[id(module)] = weight
+            cache[id(module)] = weight
         assert weight.shape == module.weight.shape and weight.dtype == module.weight.dtype, (
             "a cached quantized weight does not fit its module: the cache outlived its model"
         )

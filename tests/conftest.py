@@ -77,3 +77,12 @@ def _restore_torch_threads():
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
+
+
+def rope_tables(head_dim: int, positions: int, theta: float):
+    """The model's rotary tables (`.cos`, `.sin`) for one head width, position count and base."""
+    from zkl.models.config import ModelConfig
+    from zkl.models.transformer import RotaryEmbedding
+
+    cfg = ModelConfig(head_dim=head_dim, max_position_embeddings=positions, rope_theta=theta)
+    return RotaryEmbedding(cfg)

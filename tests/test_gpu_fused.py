@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import rope_tables
 
 from zkl import invariance
-from zkl.models.transformer import RotaryEmbedding
 from zkl.ops import fast
 
 pytestmark = pytest.mark.gpu
@@ -23,7 +23,7 @@ def _projection(batch: int, seq: int, seed: int):
     qkv = torch.randn(batch, seq, (heads + 2 * kv) * d, device=DEV, generator=g)
     q, k, v = (qkv * 4).to(torch.bfloat16).split([heads * d, kv * d, kv * d], dim=-1)
     q, k, v = (t.view(batch, seq, -1, d) for t in (q, k, v))
-    rope = RotaryEmbedding(d, 32768, 1e6).to(DEV)
+    rope = rope_tables(d, 32768, 1e6).to(DEV)
     start = torch.randint(0, 30000, (batch, 1), device=DEV, generator=g)
     return q, k, v, rope, start + torch.arange(seq, device=DEV)
 

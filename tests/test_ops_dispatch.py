@@ -16,10 +16,10 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from conftest import rope_tables
 
 from zkl import invariance, ops
 from zkl.generation.slots import SlotState
-from zkl.models.transformer import RotaryEmbedding
 
 # What docs/design.md section 4 promises; the table must assign exactly this.
 GOVERNED = {
@@ -104,7 +104,7 @@ def _attention(form, dtype, device):
 
 
 def _rope(device):
-    rope = RotaryEmbedding(16, 64, 10000.0)
+    rope = rope_tables(16, 64, 10000.0)
     positions = torch.arange(5).expand(3, 5) + torch.tensor([[0], [7], [30]])
     return rope.cos.to(device), rope.sin.to(device), positions.to(device)
 

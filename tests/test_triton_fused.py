@@ -18,7 +18,8 @@ pytest.importorskip("triton")
 if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("interpreter tests run on CPU-only machines", allow_module_level=True)
 
-from zkl.models.transformer import RotaryEmbedding  # noqa: E402
+from conftest import rope_tables  # noqa: E402
+
 from zkl.ops import fast  # noqa: E402
 from zkl.ops.triton import attention, fused, rowwise  # noqa: E402
 
@@ -32,7 +33,7 @@ def _projection(dtype: torch.dtype, seed: int = 0):
     qkv = torch.randn(B, T, (HQ + 2 * HKV) * D, generator=g).to(dtype)
     q, k, v = qkv.split([HQ * D, HKV * D, HKV * D], dim=-1)
     q, k, v = (t.view(B, T, -1, D) for t in (q, k, v))
-    rope = RotaryEmbedding(D, 64, 10000.0)
+    rope = rope_tables(D, 64, 10000.0)
     positions = torch.arange(T).expand(B, T) + torch.tensor([[0], [7], [30]])
     return q, k, v, rope, positions
 
@@ -61,7 +62,7 @@ def test_rotary_into_cache_writes_the_torch_forms_rows(dtype):
 
 def test_rotary_refuses_tables_of_another_width():
     q, k, _, _, positions = _projection(torch.float32)
-    narrow = RotaryEmbedding(D // 2, 64, 10000.0)
+    narrow = rope_tables(D // 2, 64, 10000.0)
     with pytest.raises(ValueError, match="do not fit head_dim"):
         fused.rotary(q, k, narrow.cos, narrow.sin, positions)
 

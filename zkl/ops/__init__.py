@@ -116,17 +116,19 @@ def attention(
     v: torch.Tensor,
     q_pos: torch.Tensor,
     kv_rows: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention: q [B, H, Tq, D], k/v [R, Hkv, Tk, D] (key j at position j).
 
     q_pos [B, Tq] are the queries' absolute positions; batch row b reads the keys of row
-    `kv_rows[b]` (the KV-cache slot; default b).
+    `kv_rows[b]` (the KV-cache slot; default b). `sinks` [H] (gpt-oss): one more logit per
+    head in the softmax's denominator, with no value.
     """
     if is_enabled("attention_fixed_split"):
-        return _invariant_for(q).attention(q, k, v, q_pos, kv_rows)
+        return _invariant_for(q).attention(q, k, v, q_pos, kv_rows, sinks=sinks)
     if q.is_cuda:  # flash for scoring, flash-decoding for decode, as a fast engine runs
-        return _cuda().attention_default(q, k, v, q_pos, kv_rows)
-    return fast.attention(q, k, v, q_pos, kv_rows)
+        return _cuda().attention_default(q, k, v, q_pos, kv_rows, sinks=sinks)
+    return fast.attention(q, k, v, q_pos, kv_rows, sinks=sinks)
 
 
 def token_logprobs(

@@ -10,7 +10,9 @@ Prefill and scoring (`_prefill_kernel`) walk a tile of queries over all their ch
 in registers; decode (`_decode_chunks_kernel` + `_combine_kernel`) computes the chunks of
 one query in parallel programs (split-K over the key range, as flash-decoding does) and
 merges their partials in the same order with the same rule. Both call the same block step
-and merge, so prefill == decode == scoring bit for bit.
+and merge, so prefill == decode == scoring bit for bit. Attention sinks (gpt-oss: one logit a
+head with no value) are folded into the merged state once, after the last chunk, by one rule
+(`_fold_sink`) in both the prefill and the combine kernel.
 
 A tile row never depends on the other rows, but a reduction's order follows the tile's
 register layout, so the large prefill tiles are used only where the device shows they give
@@ -34,6 +36,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from zkl.ops.fast import attention_with_sinks
 from zkl.ops.triton.gemm import sm_count
 
 LOG2E = 1.4426950408889634
@@ -140,6 +143,15 @@ def _merge(big_m, big_l, big_o, m, s, o, take):
 
 
 @triton.jit
+def _fold_sink(big_m, big_l, big_o, sink):
+    """The sink logit (log2 units, one a row) into the merged state: it adds to the sum and
+    nothing to the output. The last step before the division, on every path."""
+    m_new = tl.maximum(big_m, sink)
+    a = tl.exp2(big_m - m_new)
+    return tl.fma(big_l, a, tl.exp2(sink - m_new)), big_o * a[:, None]
+
+
+@triton.jit
 def _empty_state(BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """An online softmax before its first key: max -inf, sum 0, output 0."""
     return (
@@ -165,6 +177,7 @@ def _prefill_kernel(
     v_ptr,
     pos_ptr,
     rows_ptr,
+    sinks_ptr,
     out_ptr,
     s_qb,
     s_qh,
@@ -187,6 +200,7 @@ def _prefill_kernel(
     num_m_blocks,
     qk_scale,
     HAS_ROWS: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
     PRECISION: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -238,6 +252,9 @@ def _prefill_kernel(
                 c_lo = (start // CHUNK_KEYS) * CHUNK_KEYS
                 big_m, big_l, big_o = _merge(big_m, big_l, big_o, m_i, l_i, acc, c_lo <= pos)
                 m_i, l_i, acc = _empty_state(BLOCK_M, BLOCK_D)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + h + tl.zeros((BLOCK_M,), tl.int32))
+        big_l, big_o = _fold_sink(big_m, big_l, big_o, sink)
     out = big_o / tl.where(big_l > 0, big_l, 1.0)[:, None]  # padding queries see no key
     tl.store(
         out_ptr + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :],
@@ -331,6 +348,7 @@ def _combine_kernel(
     part_l_ptr,
     part_o_ptr,
     pos_ptr,
+    sinks_ptr,
     out_ptr,
     s_pb,
     s_ob,
@@ -339,6 +357,7 @@ def _combine_kernel(
     num_kv_heads,
     groups,
     max_chunks,
+    HAS_SINKS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -369,6 +388,9 @@ def _combine_kernel(
             other=0.0,
         )
         big_m, big_l, big_o = _merge(big_m, big_l, big_o, m, l_c, o, take)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + heads, mask=valid_m, other=0.0)
+        big_l, big_o = _fold_sink(big_m, big_l, big_o, sink)
     out = big_o / tl.where(big_l > 0, big_l, 1.0)[:, None]
     tl.store(
         out_ptr + b * s_ob + heads[:, None] * s_oh + offs_d[None, :],
@@ -392,6 +414,14 @@ def _check(q, k, v) -> None:
         raise ValueError("attention needs a unit stride on the head dim")
 
 
+def _sinks_log2(sinks: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """The sinks [H] in the kernels' log2 units (fp32), one multiply shared by every path;
+    a dummy pointer when there are none."""
+    if sinks is None:
+        return like
+    return (sinks.detach().float() * LOG2E).contiguous()
+
+
 def prefill(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -400,6 +430,7 @@ def prefill(
     kv_rows: torch.Tensor | None = None,
     tile: Tile | None = None,
     chunk: int = CHUNK,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Many queries a row (scoring, prefill): query tiles over their chunks, merged in order.
 
@@ -417,7 +448,7 @@ def prefill(
     rows = positions if kv_rows is None else kv_rows.contiguous()
     num_m_blocks = triton.cdiv(num_q, tile.rows)
     _prefill_kernel[(num_m_blocks, batch * num_heads)](
-        q, k, v, positions, rows, out,
+        q, k, v, positions, rows, _sinks_log2(sinks, positions), out,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
@@ -426,6 +457,7 @@ def prefill(
         num_heads, num_heads // k.shape[1], num_q, k.shape[2], num_m_blocks,
         LOG2E / math.sqrt(head_dim),
         HAS_ROWS=kv_rows is not None,
+        HAS_SINKS=sinks is not None,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         HEAD_DIM=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
@@ -456,6 +488,7 @@ def decode(
     chunk: int = CHUNK,
     rows_per_program: int | None = None,
     fp_fusion: bool = False,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query a row: its chunks in parallel programs, then merged in order.
 
@@ -504,9 +537,10 @@ def decode(
     )  # fmt: skip
     slice_d = min(block_d, 32)
     _combine_kernel[(batch * num_kv_heads, triton.cdiv(block_d, slice_d))](
-        part_m, part_l, part_o, positions, out,
+        part_m, part_l, part_o, positions, _sinks_log2(sinks, positions), out,
         positions.stride(0), out.stride(0), out.stride(1),
         num_heads, num_kv_heads, groups, max_chunks,
+        HAS_SINKS=sinks is not None,
         HEAD_DIM=head_dim,
         BLOCK_D=slice_d,
         BLOCK_M=rows_per_program,
@@ -597,24 +631,31 @@ def probe_inputs(head_dim: int, dtype: torch.dtype, device: torch.device, seq: i
 
 
 class _Attention(torch.autograd.Function):
-    """The invariant forward; the backward recomputes with PyTorch's causal flash kernel."""
+    """The invariant forward; the backward recomputes with PyTorch's causal flash kernel
+    (with sinks, which flash lacks: the eager form, `sinks` getting their gradient too)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, q_pos):
-        ctx.save_for_backward(q, k, v)
-        return prefill(q, k, v, q_pos)
+    def forward(ctx, q, k, v, q_pos, sinks):
+        ctx.save_for_backward(q, k, v, q_pos, sinks)
+        return prefill(q, k, v, q_pos, sinks=sinks)
 
     @staticmethod
     def backward(ctx, grad):
-        q, k, v = ctx.saved_tensors
+        q, k, v, q_pos, sinks = ctx.saved_tensors
         groups = q.shape[1] // k.shape[1]
         with torch.enable_grad():
             qd, kd, vd = (t.detach().requires_grad_() for t in (q, k, v))
+            if sinks is not None:
+                sd = sinks.detach().requires_grad_()
+                parts = (t.float() for t in (qd, kd, vd))
+                out = attention_with_sinks(*parts, q_pos, sd.float())
+                dq, dk, dv, ds = torch.autograd.grad(out, (qd, kd, vd, sd), grad.float())
+                return dq, dk, dv, None, ds
             # whole heads: flash's GQA support varies by version; the repeat's grad sums back
             kf = kd.repeat_interleave(groups, dim=1) if groups > 1 else kd
             vf = vd.repeat_interleave(groups, dim=1) if groups > 1 else vd
             out = F.scaled_dot_product_attention(qd, kf, vf, is_causal=True)
-            return (*torch.autograd.grad(out, (qd, kd, vd), grad), None)
+            return (*torch.autograd.grad(out, (qd, kd, vd), grad), None, None)
 
 
 def attention(
@@ -623,20 +664,22 @@ def attention(
     v: torch.Tensor,
     q_pos: torch.Tensor,
     kv_rows: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [B, H, Tq, D]; k, v [R, Hkv, Tk, D] (key j at position j); q_pos [B, Tq].
+    """q [B, H, Tq, D]; k, v [R, Hkv, Tk, D] (key j at position j); q_pos [B, Tq]; sinks [H].
 
     Batch row b reads keys of row `kv_rows[b]` (default b). With gradients (the train path,
     whose positions are 0..T-1 and whose keys are its own queries) the backward is flash.
     """
-    if kv_rows is None and torch.is_grad_enabled() and q.requires_grad:
+    wants_grad = q.requires_grad or (sinks is not None and sinks.requires_grad)
+    if kv_rows is None and torch.is_grad_enabled() and wants_grad:
         if q.shape[2] != k.shape[2]:
             raise ValueError("the train path's attention needs its own tokens as keys")
         # contiguous: the backward's flash kernel is slow on the projections' strided views
-        return _Attention.apply(q.contiguous(), k.contiguous(), v.contiguous(), q_pos)
+        return _Attention.apply(q.contiguous(), k.contiguous(), v.contiguous(), q_pos, sinks)
     if q.shape[2] == 1 and q.shape[1] // k.shape[1] <= REF_M:
-        return decode(q, k, v, q_pos, kv_rows)
-    return prefill(q, k, v, q_pos, kv_rows)
+        return decode(q, k, v, q_pos, kv_rows, sinks=sinks)
+    return prefill(q, k, v, q_pos, kv_rows, sinks=sinks)
 
 
 def default_chunk(num_rows: int, num_kv_heads: int, num_keys: int, sms: int) -> int:
@@ -660,16 +703,23 @@ def attention_default(
     v: torch.Tensor,
     q_pos: torch.Tensor,
     kv_rows: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """What a fast engine runs on CUDA, mismatch and all: PyTorch's flash attention where the
-    queries are the keys (scoring, the train forward), flash-decoding with a batch-dependent
-    split for decode, and one unmerged pass over the cache for prefill from it."""
+    queries are the keys (scoring, the train forward; with sinks, which flash lacks, the eager
+    form), flash-decoding with a batch-dependent split for decode, and one unmerged pass over
+    the cache for prefill from it."""
     if kv_rows is None and q.shape[2] == k.shape[2] > 1 and _from_zero(q_pos):
+        if sinks is not None:
+            return attention_with_sinks(q, k, v, q_pos, sinks)
         groups = q.shape[1] // k.shape[1]
         if groups > 1:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     if q.shape[2] == 1 and q.shape[1] // k.shape[1] <= REF_M:
         chunk = default_chunk(q.shape[0], k.shape[1], k.shape[2], sm_count(q.device))
-        return decode(q, k, v, q_pos, kv_rows, chunk=chunk, rows_per_program=REF_M, fp_fusion=True)
-    return prefill(q, k, v, q_pos, kv_rows, tile=DEFAULT_TILE, chunk=1 << 30)
+        return decode(
+            q, k, v, q_pos, kv_rows, chunk=chunk, rows_per_program=REF_M, fp_fusion=True,
+            sinks=sinks,
+        )  # fmt: skip
+    return prefill(q, k, v, q_pos, kv_rows, tile=DEFAULT_TILE, chunk=1 << 30, sinks=sinks)

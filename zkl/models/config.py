@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-FAMILIES = ("qwen2", "qwen3", "qwen3_moe", "nemotron_h")
+FAMILIES = ("qwen2", "qwen3", "qwen3_moe", "nemotron_h", "gpt_oss")
+
+# gpt-oss's HF `layer_types` values.
+LAYER_TYPES = ("sliding_attention", "full_attention")
 
 # Megatron's hybrid pattern letters: Mamba2, attention, MLP, MoE.
 LAYER_KINDS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
@@ -66,6 +69,20 @@ class ModelConfig:
     routed_scaling_factor: float = 1.0
     n_group: int = 1
     topk_group: int = 1
+    # gpt-oss (family gpt_oss, `zkl.models.gpt_oss`): learned attention sinks, an o_proj
+    # bias, layers of HF's `layer_types` (sliding_attention sees the last `sliding_window`
+    # keys), YaRN RoPE (yarn_factor 0: plain RoPE) and the clamped SwiGLU experts.
+    attention_sinks: bool = False
+    o_proj_bias: bool = False
+    sliding_window: int = 0
+    layer_types: list[str] = field(default_factory=list)
+    yarn_factor: float = 0.0
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    yarn_original_max_position_embeddings: int = 4096
+    yarn_truncate: bool = False
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
     init_std: float = 0.02
     # Where real weights come from: a directory with config.json + safetensors, or null for
     # seeded random init.
@@ -107,7 +124,7 @@ def validate_model(cfg: ModelConfig) -> None:
     _check_divides(cfg, "num_key_value_heads", "num_attention_heads")
     if cfg.family == "nemotron_h":
         _validate_hybrid(cfg)
-    if cfg.family != "qwen3_moe" and cfg.num_experts:
+    if cfg.family not in ("qwen3_moe", "gpt_oss") and cfg.num_experts:
         raise ValueError(f"model.num_experts must be 0 for model.family={cfg.family!r}.")
     if cfg.family == "qwen3_moe":
         if cfg.num_experts <= 0:

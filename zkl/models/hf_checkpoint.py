@@ -27,8 +27,11 @@ import torch
 from zkl.models.config import ModelConfig, validate_model
 from zkl.models.families import model_class
 from zkl.models.fused import Layout, fused_layout, join_fused, split_fused
+from zkl.models.gpt_oss_family import config_from_hf as gpt_oss_config
+from zkl.models.gpt_oss_family import convert as gpt_oss_convert
+from zkl.models.gpt_oss_family import validate as gpt_oss_validate
 
-SUPPORTED = ("qwen2", "qwen3", "qwen3_moe", "nemotron_h")
+SUPPORTED = ("qwen2", "qwen3", "qwen3_moe", "nemotron_h", "gpt_oss")
 # HF's layers_block_type names -> Megatron's pattern letters (as HF's own _list_to_pattern).
 _HYBRID_LETTERS = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*"}
 _HYBRID_LETTERS |= {"mlp": "-", "moe": "E"}
@@ -82,6 +85,12 @@ def model_config_from_hf(path: str | Path, name: str | None = None) -> ModelConf
         )
     if family == "nemotron_h":
         return _nemotron_config(hf, path, name)
+    if family == "gpt_oss":
+        base = ModelConfig(name=name or path.resolve().name, family=family, checkpoint=str(path))
+        cfg = gpt_oss_config(hf, base)
+        validate_model(cfg)
+        gpt_oss_validate(cfg)
+        return cfg
     if hf.get("quantization_config"):
         method = hf["quantization_config"].get("quant_method", "?")
         raise ValueError(f"quantized checkpoints ({method}) are not supported; use bf16/fp32.")
@@ -312,6 +321,8 @@ def map_state_dict(
     Works on meta tensors too, so the checkpoint check runs it on the headers alone.
     """
     sd: dict[str, torch.Tensor] = {}
+    if cfg.family == "gpt_oss":
+        raw = gpt_oss_convert({k.removeprefix("model."): v for k, v in raw.items()}, cfg)
     for hf_key, tensor in raw.items():
         key = hf_key.removeprefix("model.")
         if cfg.family == "nemotron_h":

@@ -17,11 +17,9 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 import zkl.invariance
-from zkl.models import build_model
-from zkl.models.hf_checkpoint import load_state_dict, model_config_from_hf
-from zkl.models import mxfp4
-
 from tests.test_hf_peer import randomize_
+from zkl.models import build_model, mxfp4
+from zkl.models.hf_checkpoint import load_state_dict, model_config_from_hf
 
 # fp32: both sides do the same math in different orders (zkl's pairwise trees and fixed
 # 16-row GEMM tiles, fp64-built RoPE tables vs HF's fp32 ones): a few ulps a op. bf16: HF

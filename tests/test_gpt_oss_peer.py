@@ -17,7 +17,7 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 import zkl.invariance
-from tests.test_hf_peer import randomize_
+from test_hf_peer import randomize_
 from zkl.models import build_model, mxfp4
 from zkl.models.hf_checkpoint import load_state_dict, model_config_from_hf
 

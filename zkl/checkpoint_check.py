@@ -44,6 +44,14 @@ ARCH_KEYS = (
     "norm_topk_prob",
     "decoder_sparse_step",
     "mlp_only_layers",
+    "attention_sinks",
+    "o_proj_bias",
+    "sliding_window",
+    "layer_types",
+    "yarn_factor",
+    "yarn_original_max_position_embeddings",
+    "swiglu_alpha",
+    "swiglu_limit",
 )
 DTYPES = {
     "F64": torch.float64,

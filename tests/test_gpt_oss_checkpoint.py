@@ -10,12 +10,11 @@ import pytest
 import torch
 from conftest import make_cfg
 from safetensors.torch import load_file, save_file
+from test_gpt_oss_peer import make_hf
 
 from zkl.errors import ConfigError
 from zkl.models import mxfp4
 from zkl.run.validate import validate
-
-from test_gpt_oss_peer import make_hf
 
 
 @pytest.fixture(scope="module")

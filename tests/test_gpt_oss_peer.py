@@ -15,9 +15,9 @@ import pytest
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
+from test_hf_peer import randomize_
 
 import zkl.invariance
-from test_hf_peer import randomize_
 from zkl.models import build_model, mxfp4
 from zkl.models.hf_checkpoint import load_state_dict, model_config_from_hf
 

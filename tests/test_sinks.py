@@ -120,3 +120,21 @@ def test_kernel_sinks_backward_and_default_path():
     with torch.no_grad():
         default = attention.attention_default(q, k, v, positions, sinks=sinks)
         torch.testing.assert_close(default, _eager(q, k, v, sinks, positions), **TOL)
+
+
+def test_reference_window_with_sinks_matches_the_eager_definition_across_the_edge():
+    """Window 5 over 37 keys: the reference equals the eager mask, and one query decoded at a
+    time equals the whole prefill bitwise on both sides of the window edge and of a block."""
+    q, k, v, sinks, positions = _inputs(37)
+    whole = invariant.attention(q, k, v, positions, sinks=sinks, window=5)
+    want = fast.attention_with_sinks(
+        q.double(), k.double(), v.double(), positions, sinks.double(), window=5
+    ).float()
+    torch.testing.assert_close(whole, want, **TOL)
+    assert not torch.equal(whole, invariant.attention(q, k, v, positions, sinks=sinks))
+    for t in (0, 4, 5, 15, 16, 20, 36):
+        pos = torch.full((2, 1), t)
+        one = invariant.attention(q[:, :, t : t + 1], k, v, pos, sinks=sinks, window=5)
+        assert torch.equal(one[:, :, 0], whole[:, :, t]), t
+    plain = invariant.attention(q, k, v, positions, window=5)
+    torch.testing.assert_close(plain, fast.attention(q, k, v, positions, window=5), **TOL)

@@ -107,6 +107,8 @@ class Attention(nn.Module):
         self.o_proj = Linear(self.num_heads * self.head_dim, cfg.hidden_size, cfg.o_proj_bias)
         # gpt-oss: one learned logit a head in the softmax's denominator, with no value
         self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if cfg.attention_sinks else None
+        sliding = cfg.layer_types and cfg.layer_types[layer] == "sliding_attention"
+        self.window = cfg.sliding_window if sliding else 0  # keys a query sees; 0: all
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
@@ -135,7 +137,9 @@ class Attention(nn.Module):
             if rope is not None:
                 q, k = ops.rotary(q, k, rope.cos, rope.sin, positions)
             k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, Hkv, T, D]
-        out = ops.attention(q.transpose(1, 2), k, v, positions, kv_rows, sinks=self.sinks)
+        out = ops.attention(
+            q.transpose(1, 2), k, v, positions, kv_rows, sinks=self.sinks, window=self.window
+        )  # [B, H, T, D]
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
 

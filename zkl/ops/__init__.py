@@ -117,18 +117,21 @@ def attention(
     q_pos: torch.Tensor,
     kv_rows: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """Causal attention: q [B, H, Tq, D], k/v [R, Hkv, Tk, D] (key j at position j).
 
     q_pos [B, Tq] are the queries' absolute positions; batch row b reads the keys of row
     `kv_rows[b]` (the KV-cache slot; default b). `sinks` [H] (gpt-oss): one more logit per
-    head in the softmax's denominator, with no value.
+    head in the softmax's denominator, with no value. `window` > 0 (a sliding-window layer):
+    a query at p sees only keys p - window + 1 .. p.
     """
+    extra = {"sinks": sinks, "window": window}
     if is_enabled("attention_fixed_split"):
-        return _invariant_for(q).attention(q, k, v, q_pos, kv_rows, sinks=sinks)
+        return _invariant_for(q).attention(q, k, v, q_pos, kv_rows, **extra)
     if q.is_cuda:  # flash for scoring, flash-decoding for decode, as a fast engine runs
-        return _cuda().attention_default(q, k, v, q_pos, kv_rows, sinks=sinks)
-    return fast.attention(q, k, v, q_pos, kv_rows, sinks=sinks)
+        return _cuda().attention_default(q, k, v, q_pos, kv_rows, **extra)
+    return fast.attention(q, k, v, q_pos, kv_rows, **extra)
 
 
 def token_logprobs(

@@ -138,9 +138,11 @@ def attention(
     q_pos: torch.Tensor,
     kv_rows: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """SDPA: `is_causal` when queries are the keys (scoring, whole prefill), else a mask.
-    With `sinks` (SDPA has none) the eager form: the sink as one more softmax column.
+    With `sinks` (SDPA has none) the eager form: the sink as one more softmax column;
+    `window` > 0 masks the keys more than `window - 1` positions behind the query.
 
     Under `static_shapes` (a CUDA graph's step, its warm-up included) nothing may be read
     back to the host: the mask then spans the whole cache instead of the keys up to the
@@ -149,7 +151,13 @@ def attention(
     if kv_rows is not None:
         k, v = k[kv_rows], v[kv_rows]
     if sinks is not None:
-        return attention_with_sinks(q, k, v, q_pos, sinks)
+        return attention_with_sinks(q, k, v, q_pos, sinks, window)
+    if window:
+        mask = visible_keys(k.shape[2], q_pos, window)
+        enable_gqa = q.shape[1] != k.shape[1]
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask.unsqueeze(1), enable_gqa=enable_gqa
+        )
     if shapes_are_static(q.device):
         mask = torch.arange(k.shape[2], device=q.device) <= q_pos.unsqueeze(-1)  # [B, Tq, Tk]
         return F.scaled_dot_product_attention(
@@ -168,8 +176,23 @@ def attention(
     )
 
 
+def visible_keys(num_keys: int, q_pos: torch.Tensor, window: int = 0) -> torch.Tensor:
+    """[B, Tq, num_keys] bool: key j is visible to a query at p when j <= p (and, with a
+    window, j > p - window)."""
+    keys = torch.arange(num_keys, device=q_pos.device)
+    visible = keys <= q_pos.unsqueeze(-1)
+    if window:
+        visible &= keys > q_pos.unsqueeze(-1) - window
+    return visible
+
+
 def attention_with_sinks(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, sinks: torch.Tensor
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    sinks: torch.Tensor,
+    window: int = 0,
 ) -> torch.Tensor:
     """Causal attention whose softmax has one more logit per head, `sinks` [H], with no value
     (gpt-oss), in the activation dtype as an eager engine computes it. Keys are the whole
@@ -178,7 +201,7 @@ def attention_with_sinks(
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     scores = torch.matmul(q, k.transpose(2, 3)) * q.shape[-1] ** -0.5  # [B, H, Tq, Tk]
-    visible = torch.arange(k.shape[2], device=q.device) <= q_pos.unsqueeze(-1)  # [B, Tq, Tk]
+    visible = visible_keys(k.shape[2], q_pos, window)  # [B, Tq, Tk]
     scores = scores.masked_fill(~visible.unsqueeze(1), float("-inf"))
     sink = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:3], 1)
     probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]

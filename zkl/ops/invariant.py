@@ -88,6 +88,7 @@ def attention(
     q_pos: torch.Tensor,
     kv_rows: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """Causal attention, one kernel for prefill, decode and scoring.
 
@@ -96,7 +97,8 @@ def attention(
     Keys are visited in blocks of 16 from position 0 with an fp32 online softmax; a block
     with no visible key leaves the state untouched, so the number of blocks a batch needs
     never changes a row's result. `sinks` [H] (gpt-oss) are one more logit per head with no
-    value, folded into the state once, after the last block (`fold_sink`).
+    value, folded into the state once, after the last block (`fold_sink`). `window` > 0: a
+    query at p sees keys p - window + 1 .. p only; the blocks still start at position 0.
     """
     if kv_rows is not None:
         k, v = k[kv_rows], v[kv_rows]
@@ -125,6 +127,8 @@ def attention(
         vb = v[:, :, lo : lo + KV_BLOCK]
         scores = ordered_sum(qf.unsqueeze(3) * kb.unsqueeze(2))  # [B, H, Tq, 16]
         visible = (lo + offsets) <= q_pos.unsqueeze(-1)  # [B, Tq, 16]
+        if window:
+            visible &= (lo + offsets) > q_pos.unsqueeze(-1) - window
         visible = visible.unsqueeze(1)
         scores = scores.masked_fill(~visible, -math.inf)
         m_new = torch.maximum(m, scores.amax(-1))

@@ -630,6 +630,14 @@ def probe_inputs(head_dim: int, dtype: torch.dtype, device: torch.device, seq: i
     return q, k, v, torch.arange(seq, device=device).expand(2, seq)
 
 
+def _no_window(window: int) -> None:
+    if window:
+        raise NotImplementedError(
+            "sliding-window attention has no CUDA kernel yet; run a model with sliding-window "
+            "layers (model.layer_types / model.sliding_window) with device=cpu."
+        )
+
+
 class _Attention(torch.autograd.Function):
     """The invariant forward; the backward recomputes with PyTorch's causal flash kernel
     (with sinks, which flash lacks: the eager form, `sinks` getting their gradient too)."""
@@ -665,12 +673,14 @@ def attention(
     q_pos: torch.Tensor,
     kv_rows: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """q [B, H, Tq, D]; k, v [R, Hkv, Tk, D] (key j at position j); q_pos [B, Tq]; sinks [H].
 
     Batch row b reads keys of row `kv_rows[b]` (default b). With gradients (the train path,
     whose positions are 0..T-1 and whose keys are its own queries) the backward is flash.
     """
+    _no_window(window)
     wants_grad = q.requires_grad or (sinks is not None and sinks.requires_grad)
     if kv_rows is None and torch.is_grad_enabled() and wants_grad:
         if q.shape[2] != k.shape[2]:
@@ -704,11 +714,13 @@ def attention_default(
     q_pos: torch.Tensor,
     kv_rows: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """What a fast engine runs on CUDA, mismatch and all: PyTorch's flash attention where the
     queries are the keys (scoring, the train forward; with sinks, which flash lacks, the eager
     form), flash-decoding with a batch-dependent split for decode, and one unmerged pass over
     the cache for prefill from it."""
+    _no_window(window)
     if kv_rows is None and q.shape[2] == k.shape[2] > 1 and _from_zero(q_pos):
         if sinks is not None:
             return attention_with_sinks(q, k, v, q_pos, sinks)

@@ -1,6 +1,7 @@
 """`model.checkpoint=DIR` alone on a transformers-written gpt-oss (sinks, sliding and full
-layers, biased MoE; the add task's prompts are ~38 tokens, past the window of 4): GRPO steps exactly zero across layouts, KV modes and precisions, while
-the weights (sinks included) train; every fix off, the same run is not zero."""
+layers, biased MoE; the add task's prompts are ~38 tokens, past the window of 4): GRPO
+steps exactly zero across layouts, KV modes and precisions while the weights train; every
+fix off, the same run is not zero."""
 
 from __future__ import annotations
 

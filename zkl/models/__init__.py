@@ -1,4 +1,4 @@
-"""Native model families: Qwen2, Qwen3 dense, Qwen3-MoE, Nemotron-H hybrid."""
+"""Native model families: Qwen2, Qwen3 dense, Qwen3-MoE, Nemotron-H hybrid, gpt-oss."""
 
 from __future__ import annotations
 

@@ -88,8 +88,8 @@ def test_config_json_is_read_and_compared(good):
         json.dumps({k: v for k, v in config.items() if k != "hidden_size"})
     )
     assert "no 'hidden_size' entry" in refusal(good)
-    (good / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
-    assert "model_type='llama' is not supported" in refusal(good)
+    (good / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
+    assert "model_type='gpt2' is not supported" in refusal(good)
     (good / "config.json").write_text(json.dumps(config))
     message = refusal(good, "model.intermediate_size=96")
     assert "intermediate_size=128 in its config.json but model.intermediate_size=96" in message
@@ -144,7 +144,7 @@ def test_an_index_naming_a_missing_shard(good):
     assert "lists missing shards" in refusal(good)
 
 
-@pytest.mark.parametrize("damage", ["truncated", "llama"])
+@pytest.mark.parametrize("damage", ["truncated", "gpt2"])
 @pytest.mark.slow
 def test_the_entry_point_refuses_a_bad_checkpoint_before_building(tmp_path, good, damage):
     if damage == "truncated":
@@ -152,7 +152,7 @@ def test_the_entry_point_refuses_a_bad_checkpoint_before_building(tmp_path, good
         (good / "model.safetensors").write_bytes(data[: len(data) // 2])
     else:
         config = json.loads((good / "config.json").read_text())
-        (good / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
+        (good / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
     out = run_entry("zkl", [f"model.checkpoint={good}"], tmp_path / "run")
     assert_refused_before_work(out, tmp_path / "run", "model.checkpoint")
 

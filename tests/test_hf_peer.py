@@ -221,8 +221,8 @@ def test_moe_fused_experts_and_shards(saved, tmp_path, layout):
 
 
 def test_unsupported_model_type_raises(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 8}))
-    with pytest.raises(ValueError, match="llama"):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "hidden_size": 8}))
+    with pytest.raises(ValueError, match="gpt2"):
         model_config_from_hf(tmp_path)
 
 

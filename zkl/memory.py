@@ -21,6 +21,7 @@ from zkl.distributed.checks import sharded
 from zkl.errors import ConfigError
 from zkl.invariance import resolve
 from zkl.models.config import ModelConfig
+from zkl.models.registry import largest_layer_params, param_count
 
 LOGIT_TOKENS = 8192  # tokens whose logits exist at once on the train path (trainer/scoring)
 
@@ -56,48 +57,6 @@ ADVICE = {
 HOST_ONLY = ("rollout records", "processes", "offloaded shards")
 
 
-def _hybrid_layer_params(m: ModelConfig, kind: str, attn: int) -> int:
-    """One Nemotron-H layer (its pre-norm included): Mamba2, attention, relu^2 MLP or MoE."""
-    h = m.hidden_size
-    if kind == "mamba":
-        inner = m.mamba_num_heads * m.mamba_head_dim
-        conv = inner + 2 * m.n_groups * m.ssm_state_size
-        proj = inner + conv + m.mamba_num_heads
-        bias = m.mamba_proj_bias
-        mixer = h * proj + (proj if bias else 0) + inner * h + (h if bias else 0)
-        mixer += conv * m.conv_kernel + (conv if m.use_conv_bias else 0)
-        mixer += 3 * m.mamba_num_heads + inner  # dt_bias, A_log, D, gated norm
-    elif kind == "attention":
-        mixer = attn
-    elif kind == "moe":
-        experts = m.n_routed_experts * 2 * h * m.moe_intermediate_size
-        mixer = m.n_routed_experts * h + experts + 2 * h * m.moe_shared_expert_intermediate_size
-    else:
-        mixer = 2 * h * m.intermediate_size
-    return h + mixer
-
-
-def param_count(m: ModelConfig) -> int:
-    """Parameters of the native model for `m` (as `model.parameters()` counts them)."""
-    h, hd = m.hidden_size, m.head_dim
-    q, kv = m.num_attention_heads * hd, m.num_key_value_heads * hd
-    attn = 2 * h * q + 2 * h * kv + (q + 2 * kv if m.qkv_bias else 0) + (2 * hd if m.qk_norm else 0)
-    embeddings = m.vocab_size * h * (1 if m.tie_word_embeddings else 2)
-    if m.family == "nemotron_h":
-        kinds = [m.layer_kind(i) for i in range(m.num_hidden_layers)]
-        return sum(_hybrid_layer_params(m, k, attn) for k in kinds) + embeddings + h
-    moe_layers = 0
-    if m.is_moe:
-        dense = {i for i in m.mlp_only_layers if 0 <= i < m.num_hidden_layers}
-        moe_layers = m.num_hidden_layers // m.decoder_sparse_step
-        moe_layers -= sum((i + 1) % m.decoder_sparse_step == 0 for i in dense)
-    dense_layers = m.num_hidden_layers - moe_layers
-    moe_mlp = h * m.num_experts + m.num_experts * 3 * h * m.moe_intermediate_size
-    layers = m.num_hidden_layers * (attn + 2 * h)
-    layers += dense_layers * 3 * h * m.intermediate_size + moe_layers * moe_mlp
-    return layers + embeddings + h
-
-
 def _own_gpu(cfg: Any) -> bool:
     """The dedicated generator sits on a GPU of its own (`layout.backend=nccl`)."""
     return cfg.layout.name == "dedicated" and cfg.layout.backend == "nccl"
@@ -122,23 +81,11 @@ def mamba_scan_bytes(m: ModelConfig, sequences: int, positions: int) -> float:
     """The chunk scan's largest transient: C[l].B[s] over every (l, s) pair of every chunk,
     [b, chunks, Q, Q, H, N] in fp32 (and the same with P), built by one layer at a time;
     twice that for the backward's gradient of the product."""
-    if m.family != "nemotron_h" or "M" not in m.hybrid_override_pattern:
+    if "M" not in m.hybrid_override_pattern:
         return 0.0
     q = m.chunk_size
     width = max(m.ssm_state_size, m.mamba_head_dim)
     return 2.0 * sequences * math.ceil(positions / q) * q * q * m.mamba_num_heads * width * 4
-
-
-def _largest_layer(m: ModelConfig) -> int:
-    """Parameters of the largest decoder layer (what FSDP all-gathers at a time)."""
-    one = replace(m, num_hidden_layers=1, vocab_size=0, mlp_only_layers=[])
-    if m.family == "nemotron_h":
-        pattern = m.hybrid_override_pattern
-        return max(
-            param_count(replace(one, hybrid_override_pattern=k)) for k in set(pattern) or {"M"}
-        )
-    sparse = replace(one, decoder_sparse_step=1) if m.is_moe else one
-    return max(param_count(one), param_count(sparse))
 
 
 def sharded_weights(cfg: Any) -> dict[str, float]:
@@ -155,7 +102,7 @@ def sharded_weights(cfg: Any) -> dict[str, float]:
     master = 4 if cfg.precision.master_weights_fp32 or c == 4 else c
     shards = 0.0 if t.offload else p * (master + 4 + 8) / t.world_size  # offload: on the host
     embeddings = m.vocab_size * m.hidden_size * (1 if m.tie_word_embeddings else 2)
-    transient = (3 * _largest_layer(m) + 2 * embeddings) * c
+    transient = (3 * largest_layer_params(m) + 2 * embeddings) * c
     generator = p * c * (3 if cfg.layout.name == "dedicated" else 1)
     if cfg.precision.linear_quant != "none":
         generator += p * c  # the engine's cached quantized weights

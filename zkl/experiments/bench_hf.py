@@ -11,6 +11,8 @@ import torch
 from zkl.experiments.timing import cuda_time
 from zkl.experiments.workload import NEW_TOKENS, bench_requests
 from zkl.models.hf_checkpoint import to_hf
+from zkl.models.qwen_family import QWEN2
+from zkl.models.registry import family
 
 
 def hf_generate(model: torch.nn.Module, batch: int) -> dict[str, float] | str:
@@ -48,7 +50,7 @@ def hf_model(model: torch.nn.Module) -> torch.nn.Module | str:
     except ImportError:
         return "transformers is not installed"
     cfg = model.cfg
-    if cfg.family != "qwen2" or cfg.num_experts:
+    if family(cfg) is not QWEN2 or cfg.num_experts:
         return f"the comparison maps only dense qwen2 models, not {cfg.family}"
     hf_cfg = transformers.Qwen2Config(
         vocab_size=cfg.vocab_size,

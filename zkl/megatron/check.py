@@ -10,6 +10,7 @@ import importlib.util
 import sys
 
 from zkl.megatron.mapping import ENGINES
+from zkl.models.registry import FAMILIES
 
 MIN_PYTHON = (3, 12)
 TE_ENGINES = ("transformer_engine", "inference_optimized")
@@ -60,8 +61,9 @@ def engine_problem(
         )
     if not on_cuda:
         return f"engine={engine} runs on CUDA only; set device=cuda or use engine=native."
-    if model_family == "nemotron_h":
-        return f"engine={engine} has no hybrid (nemotron_h) mapping yet; use engine=native."
+    entry = FAMILIES.get(model_family)
+    if entry is not None and not entry.megatron:
+        return f"engine={engine} has no {model_family} mapping yet; use engine=native."
     if linear_quant != "none":
         return (
             f"engine={engine} runs the bf16/fp32 recipes only; set +precision=bf16 or use "

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from zkl.models.config import ModelConfig
+from zkl.models.registry import family
 
 ENGINES = ("megatron_local", "transformer_engine", "inference_optimized")
 # Engines whose spec fuses the pre-attention / pre-MLP norm into the next linear (TE).
@@ -31,10 +32,9 @@ def transformer_config_kwargs(model: ModelConfig, compute_dtype: str) -> dict:
     Fusions that need Apex or custom CUDA extensions are off, so the default path is
     megatron's plain PyTorch code.
     """
-    if model.family == "nemotron_h":
+    if not family(model).megatron:
         raise ValueError(
-            "model.family='nemotron_h' has no megatron mapping yet; use engine=native for "
-            "hybrid models."
+            f"model.family={model.family!r} has no megatron mapping yet; use engine=native."
         )
     bf16 = compute_dtype == "bfloat16"
     kwargs = {

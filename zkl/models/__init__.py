@@ -1,14 +1,14 @@
-"""Native model families: Qwen2, Qwen3 dense, Qwen3-MoE, Nemotron-H hybrid, gpt-oss."""
+"""Native model families (the list: `zkl.models.registry.FAMILIES`) and `build_model`."""
 
 from __future__ import annotations
 
 import torch
 
-from zkl.models.config import ModelConfig, validate_model
-from zkl.models.families import model_class
+from zkl.models.config import ModelConfig
 from zkl.models.hf_checkpoint import load_state_dict
-from zkl.models.nemotron_h import NemotronH, init_hybrid_weights
-from zkl.models.transformer import Transformer, init_weights
+from zkl.models.nemotron_h import NemotronH
+from zkl.models.registry import family, validate_model
+from zkl.models.transformer import Transformer
 from zkl.precision import apply_precision
 
 __all__ = [
@@ -32,13 +32,12 @@ def build_model(
     Parameters are created, initialised or loaded on the device itself (no CPU copy of the
     weights on the way).
     """
+    entry = family(cfg)
     with torch.device(device):
-        model = model_class(cfg)(cfg)
+        model = entry.model_class(cfg)
     if cfg.checkpoint:
         model.load_state_dict(load_state_dict(cfg.checkpoint, cfg, device), strict=True)
-    elif cfg.family == "nemotron_h":
-        init_hybrid_weights(model, seed)
     else:
-        init_weights(model, seed)
+        entry.init_weights(model, seed)
     apply_precision(model, compute_dtype, linear_quant)
     return model.to(device)  # the rotary tables (Qwen), built on the CPU

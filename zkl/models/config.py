@@ -4,11 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-FAMILIES = ("qwen2", "qwen3", "qwen3_moe", "nemotron_h", "gpt_oss")
-
-# gpt-oss's HF `layer_types` values.
-LAYER_TYPES = ("sliding_attention", "full_attention")
-
 # Megatron's hybrid pattern letters: Mamba2, attention, MLP, MoE.
 LAYER_KINDS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 
@@ -26,10 +21,10 @@ SHAPE_KEYS = (
 
 @dataclass
 class ModelConfig:
-    """Numbers of a Qwen2 / Qwen3 / Qwen3-MoE / Nemotron-H model, named as in HF `config.json`."""
+    """Numbers of a model of any native family, named as in HF `config.json`."""
 
     name: str = "tiny_dense"
-    family: str = "qwen3"  # qwen2 | qwen3 | qwen3_moe | nemotron_h
+    family: str = "qwen3"  # a name in zkl.models.registry.FAMILIES
     vocab_size: int = 64
     hidden_size: int = 64
     num_hidden_layers: int = 2
@@ -97,8 +92,9 @@ class ModelConfig:
         return LAYER_KINDS[self.hybrid_override_pattern[layer]]
 
     def layer_is_moe(self, layer: int) -> bool:
-        """Qwen3-MoE's rule: sparse every `decoder_sparse_step` layers unless listed dense."""
-        if self.family == "nemotron_h":
+        """A hybrid pattern's letter, or Qwen3-MoE's rule: sparse every `decoder_sparse_step`
+        layers unless listed dense."""
+        if self.hybrid_override_pattern:
             return self.layer_kind(layer) == "moe"
         return (
             self.is_moe
@@ -107,10 +103,9 @@ class ModelConfig:
         )
 
 
-def validate_model(cfg: ModelConfig) -> None:
-    """Raise ValueError with one sentence naming the key to change."""
-    if cfg.family not in FAMILIES:
-        raise ValueError(f"model.family={cfg.family!r} is not one of {list(FAMILIES)}.")
+def validate_shapes(cfg: ModelConfig) -> None:
+    """The rules every family shares; ValueError with one sentence naming the key to change.
+    (`zkl.models.registry.validate_model` adds the family's own.)"""
     for key in (*SHAPE_KEYS, "max_position_embeddings"):
         if getattr(cfg, key) <= 0:
             raise ValueError(f"model.{key}={getattr(cfg, key)} must be positive.")
@@ -120,67 +115,24 @@ def validate_model(cfg: ModelConfig) -> None:
         raise ValueError(f"model.head_dim={cfg.head_dim} must be even (rotary embedding pairs).")
     if cfg.init_std <= 0:
         raise ValueError(f"model.init_std={cfg.init_std} must be positive.")
-    _check_divides(cfg, "num_attention_heads", "hidden_size")
-    _check_divides(cfg, "num_key_value_heads", "num_attention_heads")
-    if cfg.family == "nemotron_h":
-        _validate_hybrid(cfg)
-    if cfg.family not in ("qwen3_moe", "gpt_oss") and cfg.num_experts:
+    check_divides(cfg, "num_attention_heads", "hidden_size")
+    check_divides(cfg, "num_key_value_heads", "num_attention_heads")
+
+
+def check_dense(cfg: ModelConfig) -> None:
+    """A family without Qwen3-MoE's experts keeps `num_experts` at 0."""
+    if cfg.num_experts:
         raise ValueError(f"model.num_experts must be 0 for model.family={cfg.family!r}.")
-    if cfg.family == "qwen3_moe":
-        if cfg.num_experts <= 0:
-            raise ValueError("model.num_experts must be positive for model.family='qwen3_moe'.")
-        _check_top_k(cfg, "num_experts")
-        if cfg.moe_intermediate_size <= 0:
-            raise ValueError("model.moe_intermediate_size must be positive for a MoE model.")
-        if cfg.decoder_sparse_step <= 0:
-            raise ValueError("model.decoder_sparse_step must be positive.")
 
 
-def _validate_hybrid(cfg: ModelConfig) -> None:
-    pattern = cfg.hybrid_override_pattern
-    if not pattern or set(pattern) - set(LAYER_KINDS):
-        raise ValueError(
-            f"model.hybrid_override_pattern={pattern!r} must be a non-empty string of "
-            f"{''.join(LAYER_KINDS)}."
-        )
-    if len(pattern) != cfg.num_hidden_layers:
-        raise ValueError(
-            f"model.num_hidden_layers={cfg.num_hidden_layers} must equal the length of "
-            f"model.hybrid_override_pattern ({len(pattern)})."
-        )
-    for key in ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "chunk_size"):
-        if "M" in pattern and getattr(cfg, key) <= 0:
-            raise ValueError(f"model.{key} must be positive for Mamba layers.")
-    if "M" in pattern:
-        _check_divides(cfg, "n_groups", "mamba_num_heads")
-    if cfg.conv_kernel < 2:
-        raise ValueError(f"model.conv_kernel={cfg.conv_kernel} must be at least 2.")
-    if cfg.qkv_bias or cfg.qk_norm:
-        raise ValueError("model.qkv_bias and model.qk_norm must be false for nemotron_h.")
-    if cfg.mamba_hidden_act != "silu" or cfg.mlp_hidden_act != "relu2":
-        raise ValueError("model.mamba_hidden_act must be silu and model.mlp_hidden_act relu2.")
-    if "E" in pattern:
-        _check_top_k(cfg, "n_routed_experts")
-        if cfg.moe_intermediate_size <= 0 or cfg.moe_shared_expert_intermediate_size <= 0:
-            raise ValueError(
-                "model.moe_intermediate_size and model.moe_shared_expert_intermediate_size "
-                "must be positive for MoE layers."
-            )
-        if cfg.n_routed_experts % cfg.n_group or not 0 < cfg.topk_group <= cfg.n_group:
-            raise ValueError(
-                f"model.n_group={cfg.n_group} must divide model.n_routed_experts and "
-                f"model.topk_group={cfg.topk_group} must be between 1 and n_group."
-            )
-
-
-def _check_divides(cfg: ModelConfig, part: str, whole: str) -> None:
+def check_divides(cfg: ModelConfig, part: str, whole: str) -> None:
     if getattr(cfg, whole) % getattr(cfg, part):
         raise ValueError(
             f"model.{part}={getattr(cfg, part)} must divide model.{whole}={getattr(cfg, whole)}."
         )
 
 
-def _check_top_k(cfg: ModelConfig, experts: str) -> None:
+def check_top_k(cfg: ModelConfig, experts: str) -> None:
     """Each token picks `num_experts_per_tok` of the `experts` routed experts."""
     if not 0 < cfg.num_experts_per_tok <= getattr(cfg, experts):
         raise ValueError(

@@ -17,11 +17,15 @@ import re
 import torch
 
 from zkl.models import mxfp4
-from zkl.models.config import LAYER_TYPES, ModelConfig
+from zkl.models.config import ModelConfig, check_top_k
+from zkl.models.family import Family
+from zkl.models.gpt_oss import GptOss
+from zkl.models.transformer import init_weights
 
 _EXPERTS = re.compile(r"^(layers\.\d+\.mlp)\.experts\.(gate_up_proj|down_proj)(_blocks|_scales)?$")
 _ROUTER = re.compile(r"^(layers\.\d+\.mlp)\.router\.(weight|bias)$")
 QUANT_METHODS = ("mxfp4",)
+LAYER_TYPES = ("sliding_attention", "full_attention")  # HF's `layer_types` values
 
 
 def config_from_hf(hf: dict, base: ModelConfig) -> ModelConfig:
@@ -74,11 +78,9 @@ def config_from_hf(hf: dict, base: ModelConfig) -> ModelConfig:
 
 def validate(cfg: ModelConfig) -> None:
     """gpt-oss's own rules; ValueError in one sentence naming the key to change."""
-    if cfg.num_experts <= 0 or not 0 < cfg.num_experts_per_tok <= cfg.num_experts:
-        raise ValueError(
-            f"model.num_experts={cfg.num_experts} must be positive and "
-            f"model.num_experts_per_tok={cfg.num_experts_per_tok} between 1 and it for gpt_oss."
-        )
+    if cfg.num_experts <= 0:
+        raise ValueError(f"model.num_experts must be positive for model.family={cfg.family!r}.")
+    check_top_k(cfg, "num_experts")
     if cfg.moe_intermediate_size <= 0:
         raise ValueError("model.moe_intermediate_size must be positive for gpt_oss.")
     if len(cfg.layer_types) != cfg.num_hidden_layers or set(cfg.layer_types) - set(LAYER_TYPES):
@@ -157,3 +159,22 @@ def convert(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, tor
             out[f"{name}.{x}.down_proj.weight"] = down[x].t()
             out[f"{name}.{x}.down_proj.bias"] = down_bias[x]
     return out
+
+
+GPT_OSS = Family(
+    name="gpt_oss",
+    model_class=GptOss,
+    model_types=("gpt_oss",),
+    architectures=("GptOssForCausalLM",),
+    config_from_hf=config_from_hf,
+    validate=validate,
+    init_weights=init_weights,
+    modules=(
+        "zkl/models/gpt_oss_family.py",
+        "zkl/models/gpt_oss.py",
+        "zkl/models/yarn.py",
+        "zkl/models/mxfp4.py",
+    ),
+    convert=convert,
+    capabilities=frozenset({"moe", "sinks", "sliding_window"}),
+)

@@ -1,4 +1,4 @@
-"""Read a Hugging Face Qwen2 / Qwen3 / Qwen3-MoE / Nemotron-H checkpoint into zkl's names.
+"""Read a Hugging Face checkpoint of a registered family into zkl's names.
 
 A checkpoint is a directory with `config.json` and `*.safetensors` (one file, or shards listed
 in `model.safetensors.index.json`). zkl's parameter names are HF's without the `model.`
@@ -10,8 +10,9 @@ it converts back on save) or fused as in transformers 5's in-memory module
 (`mlp.experts.gate_up_proj` [E, 2*I, H] with gate rows first, `mlp.experts.down_proj`
 [E, H, I]; the transposed forms [E, H, 2*I] / [E, I, H] are accepted too).
 
-Nemotron-H (`NemotronHForCausalLM`): HF keeps the stack under `backbone.` with `embeddings`
-and `norm_f`, which zkl calls `embed_tokens` and `norm`; experts are stored per expert.
+A family's own renames (Nemotron-H's `backbone.`, `embeddings`, `norm_f`) and stored forms
+come from its registry entry (`zkl.models.registry`); `config.json` is read by the family's
+`config_from_hf`.
 
 Nothing here imports transformers: the reader is plain JSON + safetensors.
 """
@@ -24,18 +25,11 @@ from pathlib import Path
 
 import torch
 
-from zkl.models.config import ModelConfig, validate_model
-from zkl.models.families import model_class
+from zkl.models.config import ModelConfig
 from zkl.models.fused import Layout, fused_layout, join_fused, split_fused
-from zkl.models.gpt_oss_family import config_from_hf as gpt_oss_config
-from zkl.models.gpt_oss_family import convert as gpt_oss_convert
-from zkl.models.gpt_oss_family import validate as gpt_oss_validate
+from zkl.models.hf_config import read_config
+from zkl.models.registry import build_on_meta, family, family_of_hf, validate_model
 
-SUPPORTED = ("qwen2", "qwen3", "qwen3_moe", "nemotron_h", "gpt_oss")
-# HF's layers_block_type names -> Megatron's pattern letters (as HF's own _list_to_pattern).
-_HYBRID_LETTERS = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*"}
-_HYBRID_LETTERS |= {"mlp": "-", "moe": "E"}
-_NEMOTRON_RENAMES = (("embeddings.", "embed_tokens."), ("norm_f.", "norm."))
 INDEX_FILE = "model.safetensors.index.json"
 
 # Keys some (older) checkpoints carry that are not weights: recomputed from the config.
@@ -43,170 +37,13 @@ _IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 _FUSED_EXPERTS = re.compile(r"^layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$")
 
 
-def _read_config(path: Path) -> dict:
-    if not path.is_dir():
-        raise ValueError(f"checkpoint {str(path)!r} is not a directory (need config.json).")
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise ValueError(f"checkpoint {str(path)!r} has no config.json.")
-    with open(config_file) as f:
-        return json.load(f)
-
-
-def _rope_theta(hf: dict) -> float:
-    """rope_theta from transformers 5 `rope_parameters` or legacy `rope_theta`/`rope_scaling`."""
-    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    if not isinstance(params, dict):
-        raise TypeError(f"config.json rope_parameters={params!r} is not a dict.")
-    if "rope_theta" not in params and any(isinstance(v, dict) for v in params.values()):
-        raise ValueError(
-            "config.json has per-layer-type rope_parameters; zkl supports one default RoPE."
-        )
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in (None, "default"):
-        raise ValueError(
-            f"config.json rope type {rope_type!r} (rope scaling) is not supported; zkl "
-            "implements plain RoPE only (rope_type 'default')."
-        )
-    factor = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
-    if factor not in (None, 1, 1.0):
-        raise ValueError(f"config.json partial_rotary_factor={factor} is not supported (need 1).")
-    return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
-
-
 def model_config_from_hf(path: str | Path, name: str | None = None) -> ModelConfig:
     """The ModelConfig of an HF checkpoint directory (`checkpoint` set to `path`)."""
     path = Path(path)
-    hf = _read_config(path)
-    family = hf.get("model_type")
-    if family not in SUPPORTED:
-        raise ValueError(
-            f"config.json model_type={family!r} is not supported; zkl reads {list(SUPPORTED)}."
-        )
-    if family == "nemotron_h":
-        return _nemotron_config(hf, path, name)
-    if family == "gpt_oss":
-        base = ModelConfig(name=name or path.resolve().name, family=family, checkpoint=str(path))
-        cfg = gpt_oss_config(hf, base)
-        validate_model(cfg)
-        gpt_oss_validate(cfg)
-        return cfg
-    if hf.get("quantization_config"):
-        method = hf["quantization_config"].get("quant_method", "?")
-        raise ValueError(f"quantized checkpoints ({method}) are not supported; use bf16/fp32.")
-    if hf.get("use_sliding_window"):
-        raise ValueError(
-            "config.json use_sliding_window=true: sliding-window attention is not supported."
-        )
-    if any(t != "full_attention" for t in hf.get("layer_types") or []):
-        raise ValueError(
-            f"config.json layer_types={hf['layer_types']} has non-full attention layers; "
-            "zkl supports full attention only."
-        )
-    act = hf.get("hidden_act", "silu")
-    if act != "silu":
-        raise ValueError(f"config.json hidden_act={act!r} is not supported (SwiGLU with silu).")
-
-    hidden = hf["hidden_size"]
-    heads = hf["num_attention_heads"]
-    if family == "qwen2":
-        qkv_bias = True  # Qwen2 hard-codes bias on q/k/v (and none on o_proj)
-        qk_norm = False
-    else:
-        if hf.get("attention_bias", False):
-            # HF Qwen3 puts `bias=attention_bias` on o_proj as well; zkl's o_proj has no bias.
-            raise ValueError(
-                f"config.json attention_bias=true is not supported for {family}: it also adds "
-                "an o_proj bias, which zkl's Attention does not have."
-            )
-        qkv_bias = False
-        qk_norm = True
-    cfg = ModelConfig(
-        name=name or path.resolve().name,
-        family=family,
-        vocab_size=hf["vocab_size"],
-        hidden_size=hidden,
-        num_hidden_layers=hf["num_hidden_layers"],
-        num_attention_heads=heads,
-        num_key_value_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=hf.get("head_dim") or hidden // heads,
-        intermediate_size=hf["intermediate_size"],
-        rope_theta=_rope_theta(hf),
-        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        max_position_embeddings=hf["max_position_embeddings"],
-        qkv_bias=qkv_bias,
-        qk_norm=qk_norm,
-        # Default of all three HF config classes when the key is absent.
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        checkpoint=str(path),
-    )
-    if family == "qwen3_moe":
-        # transformers 5 writes `num_local_experts` (attribute_map of num_experts).
-        num_experts = hf.get("num_experts", hf.get("num_local_experts"))
-        if not num_experts:
-            raise ValueError("config.json of a qwen3_moe model has no num_experts.")
-        cfg.num_experts = num_experts
-        cfg.num_experts_per_tok = hf["num_experts_per_tok"]
-        cfg.moe_intermediate_size = hf["moe_intermediate_size"]
-        cfg.norm_topk_prob = bool(hf.get("norm_topk_prob", False))  # HF default: false
-        cfg.decoder_sparse_step = hf.get("decoder_sparse_step", 1)
-        cfg.mlp_only_layers = list(hf.get("mlp_only_layers") or [])
-    validate_model(cfg)
-    return cfg
-
-
-def _nemotron_config(hf: dict, path: Path, name: str | None) -> ModelConfig:
-    """The ModelConfig of a `NemotronHForCausalLM` config.json (transformers 5 or legacy keys)."""
-    kinds = hf.get("layers_block_type") or hf.get("layer_types")
-    pattern = hf.get("hybrid_override_pattern") or "".join(_HYBRID_LETTERS[k] for k in kinds or [])
-    for key, ok in (
-        ("attention_bias", False),
-        ("mlp_bias", False),
-        ("moe_latent_size", None),
-        ("num_nextn_predict_layers", 0),
-        ("quantization_config", None),
-        ("sliding_window", None),
-    ):
-        if hf.get(key, ok) != ok:
-            raise ValueError(f"config.json {key}={hf[key]!r} is not supported (need {ok!r}).")
-    heads = hf["num_attention_heads"]
-    cfg = ModelConfig(
-        name=name or path.resolve().name,
-        family="nemotron_h",
-        vocab_size=hf["vocab_size"],
-        hidden_size=hf["hidden_size"],
-        num_hidden_layers=len(pattern),
-        hybrid_override_pattern=pattern,
-        num_attention_heads=heads,
-        num_key_value_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-        intermediate_size=hf["intermediate_size"],
-        rms_norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
-        max_position_embeddings=hf["max_position_embeddings"],
-        qkv_bias=False,
-        qk_norm=False,
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        mamba_num_heads=hf["mamba_num_heads"],
-        mamba_head_dim=hf["mamba_head_dim"],
-        ssm_state_size=hf["ssm_state_size"],
-        n_groups=hf.get("n_groups", hf.get("mamba_n_groups", 8)),
-        conv_kernel=hf.get("conv_kernel", hf.get("mamba_d_conv", 4)),
-        chunk_size=hf.get("chunk_size", hf.get("mamba_chunk_size", 128)),
-        mamba_hidden_act=hf.get("mamba_hidden_act", "silu"),
-        time_step_min=float(hf.get("time_step_min", hf.get("mamba_dt_min", 0.001))),
-        use_conv_bias=bool(hf.get("use_conv_bias", hf.get("mamba_conv_bias", True))),
-        mamba_proj_bias=bool(hf.get("use_bias", False)),  # what HF's mixer reads
-        mlp_hidden_act=hf.get("mlp_hidden_act", "relu2"),
-        n_routed_experts=hf.get("n_routed_experts", 0) if "E" in pattern else 0,
-        num_experts_per_tok=hf.get("num_experts_per_tok", 0) if "E" in pattern else 0,
-        moe_intermediate_size=hf.get("moe_intermediate_size", 0) if "E" in pattern else 0,
-        moe_shared_expert_intermediate_size=hf.get("moe_shared_expert_intermediate_size", 0),
-        routed_scaling_factor=float(hf.get("routed_scaling_factor", 1.0)),
-        n_group=hf.get("n_group", 1),
-        topk_group=hf.get("topk_group", 1),
-        norm_topk_prob=bool(hf.get("norm_topk_prob", True)),
-        checkpoint=str(path),
-    )
+    hf = read_config(path)
+    entry = family_of_hf(hf)
+    base = ModelConfig(name=name or path.resolve().name, family=entry.name, checkpoint=str(path))
+    cfg = entry.config_from_hf(hf, base)
     validate_model(cfg)
     return cfg
 
@@ -283,8 +120,7 @@ def _unfuse_experts(
 def _layout(cfg: ModelConfig) -> tuple[dict[str, list[int]], Layout]:
     """Names and shapes of zkl's state dict for `cfg` with each fused tensor split into its
     parts (HF's names), and the fused layout; from the model itself (meta device)."""
-    with torch.device("meta"):
-        model = model_class(cfg)(cfg)
+    model = build_on_meta(cfg)
     layout = fused_layout(model)
     separate = split_fused(model.state_dict(), layout)
     return {k: list(v.shape) for k, v in separate.items()}, layout
@@ -294,6 +130,14 @@ def to_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.T
     """zkl's state dict with q/k/v and gate/up split into HF's separate projections (views;
     no `model.` prefix): what an HF-format checkpoint of zkl's weights holds."""
     return split_fused(state, _layout(cfg)[1])
+
+
+def _renamed(hf_key: str, renames: tuple[tuple[str, str], ...]) -> str:
+    key = hf_key.removeprefix("model.")
+    for old, new in renames:
+        if key.startswith(old):
+            key = new + key.removeprefix(old)
+    return key
 
 
 def _name_list(names: list[str], limit: int = 8) -> str:
@@ -320,16 +164,15 @@ def map_state_dict(
 
     Works on meta tensors too, so the checkpoint check runs it on the headers alone.
     """
+    entry = family(cfg)
+    renamed = [(_renamed(hf_key, entry.renames), hf_key, t) for hf_key, t in raw.items()]
+    if entry.convert is not None and len({k for k, _, _ in renamed}) == len(renamed):
+        # tensors stored in another form, rewritten under HF's separate names
+        origin = {key: hf_key for key, hf_key, _ in renamed}
+        kept = entry.convert({key: t for key, _, t in renamed}, cfg)
+        renamed = [(key, origin.get(key, key), t) for key, t in kept.items()]
     sd: dict[str, torch.Tensor] = {}
-    if cfg.family == "gpt_oss":
-        raw = gpt_oss_convert({k.removeprefix("model."): v for k, v in raw.items()}, cfg)
-    for hf_key, tensor in raw.items():
-        key = hf_key.removeprefix("model.")
-        if cfg.family == "nemotron_h":
-            key = key.removeprefix("backbone.")
-            for old, new in _NEMOTRON_RENAMES:
-                if key.startswith(old):
-                    key = new + key.removeprefix(old)
+    for key, hf_key, tensor in renamed:
         if _IGNORED.search(key):
             continue
         if cfg.is_moe and _FUSED_EXPERTS.match(key):

@@ -75,10 +75,12 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, max_positions: int, theta: float):
         super().__init__()
-        # Built on the CPU whatever the model's device, so every device gets the same tables.
-        steps = torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu")
+        # Built on the CPU whatever the model's device, so every device gets the same tables
+        # (on the meta device, for counts and layouts, no table is built).
+        device = "meta" if torch.empty(0).is_meta else "cpu"
+        steps = torch.arange(0, head_dim, 2, dtype=torch.float64, device=device)
         inv_freq = 1.0 / (theta ** (steps / head_dim))
-        positions = torch.arange(max_positions, dtype=torch.float64, device="cpu")
+        positions = torch.arange(max_positions, dtype=torch.float64, device=device)
         angles = torch.outer(positions, inv_freq)
         angles = torch.cat([angles, angles], dim=-1)
         self.register_buffer("cos", angles.cos().float(), persistent=False)

@@ -47,12 +47,10 @@ def _check_mx_shapes(model: Any) -> None:
             raise ConfigError(f"model.{key} must be a multiple of 32 for precision=mxfp8.")
     if model.is_moe and model.moe_intermediate_size % MX_BLOCK:
         raise ConfigError("model.moe_intermediate_size must be a multiple of 32 for mxfp8.")
-    if model.family == "nemotron_h":  # out_proj and the shared expert's down_proj
-        if model.mamba_num_heads * model.mamba_head_dim % MX_BLOCK:
-            raise ConfigError(
-                "model.mamba_num_heads * model.mamba_head_dim must be a multiple of 32."
-            )
-        if model.moe_shared_expert_intermediate_size % MX_BLOCK:
-            raise ConfigError("model.moe_shared_expert_intermediate_size must be a multiple of 32.")
+    # Mamba's out_proj and a shared expert's down_proj (both widths are 0 where absent)
+    if model.mamba_num_heads * model.mamba_head_dim % MX_BLOCK:
+        raise ConfigError("model.mamba_num_heads * model.mamba_head_dim must be a multiple of 32.")
+    if model.moe_shared_expert_intermediate_size % MX_BLOCK:
+        raise ConfigError("model.moe_shared_expert_intermediate_size must be a multiple of 32.")
     if model.num_attention_heads * model.head_dim % MX_BLOCK:
         raise ConfigError("model.num_attention_heads * model.head_dim must be a multiple of 32.")

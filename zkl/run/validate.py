@@ -23,7 +23,7 @@ from zkl.layouts import config as layout_config
 from zkl.megatron.check import engine_problem
 from zkl.megatron.mapping import ENGINES
 from zkl.memory import check_memory
-from zkl.models.config import validate_model
+from zkl.models.registry import validate_model
 from zkl.precision import config as precision_config
 from zkl.rl import config as rl_config
 from zkl.run.schema import ZklConfig

@@ -1,0 +1,96 @@
+"""The Qwen families' registry entries: Qwen2, Qwen3 dense and Qwen3-MoE (one `Transformer`)."""
+
+from __future__ import annotations
+
+from zkl.models.config import ModelConfig, check_dense, check_top_k
+from zkl.models.family import Family
+from zkl.models.hf_config import (
+    check_rope_type,
+    check_silu,
+    check_unquantized,
+    decoder_fields,
+    rope_parameters,
+)
+from zkl.models.transformer import Transformer, init_weights
+
+
+def _config_from_hf(hf: dict, base: ModelConfig) -> ModelConfig:
+    check_unquantized(hf)
+    if hf.get("use_sliding_window"):
+        raise ValueError(
+            "config.json use_sliding_window=true: Qwen's sliding-window attention is not supported."
+        )
+    if any(t != "full_attention" for t in hf.get("layer_types") or []):
+        raise ValueError(
+            f"config.json layer_types={hf['layer_types']} has non-full attention layers; "
+            "zkl supports full attention only for Qwen."
+        )
+    check_silu(hf)
+    rope = rope_parameters(hf)
+    check_rope_type(rope, ("default",))
+    cfg = decoder_fields(hf, base)
+    cfg.rope_theta = rope["rope_theta"]
+    cfg.rms_norm_eps = float(hf.get("rms_norm_eps", 1e-6))
+    if base.family == QWEN2.name:
+        cfg.qkv_bias, cfg.qk_norm = True, False  # Qwen2 hard-codes q/k/v bias, none on o_proj
+        return cfg
+    if hf.get("attention_bias", False):
+        # HF Qwen3 puts `bias=attention_bias` on o_proj as well; zkl's Qwen has none there.
+        raise ValueError(
+            f"config.json attention_bias=true is not supported for {base.family}: it also "
+            "adds an o_proj bias, which zkl's Qwen attention does not have."
+        )
+    cfg.qkv_bias, cfg.qk_norm = False, True
+    if base.family == QWEN3_MOE.name:
+        # transformers 5 writes `num_local_experts` (attribute_map of num_experts).
+        num_experts = hf.get("num_experts", hf.get("num_local_experts"))
+        if not num_experts:
+            raise ValueError(f"config.json of a {base.family} model has no num_experts.")
+        cfg.num_experts = num_experts
+        cfg.num_experts_per_tok = hf["num_experts_per_tok"]
+        cfg.moe_intermediate_size = hf["moe_intermediate_size"]
+        cfg.norm_topk_prob = bool(hf.get("norm_topk_prob", False))  # HF default: false
+        cfg.decoder_sparse_step = hf.get("decoder_sparse_step", 1)
+        cfg.mlp_only_layers = list(hf.get("mlp_only_layers") or [])
+    return cfg
+
+
+def _validate_moe(cfg: ModelConfig) -> None:
+    if cfg.num_experts <= 0:
+        raise ValueError(f"model.num_experts must be positive for model.family={cfg.family!r}.")
+    check_top_k(cfg, "num_experts")
+    if cfg.moe_intermediate_size <= 0:
+        raise ValueError("model.moe_intermediate_size must be positive for a MoE model.")
+    if cfg.decoder_sparse_step <= 0:
+        raise ValueError("model.decoder_sparse_step must be positive.")
+
+
+_COMMON = dict(
+    model_class=Transformer,
+    config_from_hf=_config_from_hf,
+    init_weights=init_weights,
+    modules=("zkl/models/qwen_family.py",),
+    megatron=True,
+)
+QWEN2 = Family(
+    name="qwen2",
+    model_types=("qwen2",),
+    architectures=("Qwen2ForCausalLM",),
+    validate=check_dense,
+    **_COMMON,
+)
+QWEN3 = Family(
+    name="qwen3",
+    model_types=("qwen3",),
+    architectures=("Qwen3ForCausalLM",),
+    validate=check_dense,
+    **_COMMON,
+)
+QWEN3_MOE = Family(
+    name="qwen3_moe",
+    model_types=("qwen3_moe",),
+    architectures=("Qwen3MoeForCausalLM",),
+    validate=_validate_moe,
+    capabilities=frozenset({"moe"}),
+    **_COMMON,
+)

@@ -71,16 +71,22 @@ triton_only = pytest.mark.skipif(
 
 
 @triton_only
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_kernel_sinks_prefill_decode_scoring_bitwise_across_chunk_merges(dtype):
+@pytest.mark.parametrize(
+    "dtype,window", [(torch.float32, 0), (torch.float16, 0), (torch.float32, 40)]
+)
+def test_kernel_sinks_prefill_decode_scoring_bitwise_across_chunk_merges(dtype, window):
     """Three chunks of 64 keys: scoring (whole prefill), prefill from the cache at an offset
-    and split decode give the same bits with sinks, and the reference's numbers."""
+    and split decode give the same bits with sinks, and the reference's numbers; with a
+    window of 40 its edge crosses the chunk boundaries and whole chunks fall behind it."""
     attention = pytest.importorskip("zkl.ops.triton.attention")
     seq, chunk = 150, 64
     q, k, v, sinks, positions = _inputs(seq, dtype)
     tile = attention.REFERENCE
-    scored = attention.prefill(q, k, v, positions, tile=tile, chunk=chunk, sinks=sinks)
-    want = invariant.attention(q.float(), k.float(), v.float(), positions, sinks=sinks)
+    extra = {"chunk": chunk, "sinks": sinks, "window": window}
+    scored = attention.prefill(q, k, v, positions, tile=tile, **extra)
+    want = invariant.attention(
+        q.float(), k.float(), v.float(), positions, sinks=sinks, window=window
+    )
     tol = TOL if dtype == torch.float32 else {"rtol": 2e-3, "atol": 2e-3}
     torch.testing.assert_close(scored.float(), want, **tol)
     cache_k, cache_v = (
@@ -92,16 +98,14 @@ def test_kernel_sinks_prefill_decode_scoring_bitwise_across_chunk_merges(dtype):
     for t in (0, 63, 64, 100, 128, 149):
         pos = torch.full((2, 1), t)
         out = attention.decode(
-            q[:, :, t : t + 1], cache_k, cache_v, pos, rows, chunk=chunk, rows_per_program=16,
-            sinks=sinks,
-        )  # fmt: skip
+            q[:, :, t : t + 1], cache_k, cache_v, pos, rows, rows_per_program=16, **extra
+        )
         assert torch.equal(out[:, :, 0], scored[:, :, t]), t
     part = attention.prefill(
-        q[:, :, 70:], cache_k, cache_v, positions[:, 70:], rows, tile=tile, chunk=chunk,
-        sinks=sinks,
-    )  # fmt: skip
+        q[:, :, 70:], cache_k, cache_v, positions[:, 70:], rows, tile=tile, **extra
+    )
     assert torch.equal(part, scored[:, :, 70:])
-    plain = attention.prefill(q, k, v, positions, tile=tile, chunk=chunk)
+    plain = attention.prefill(q, k, v, positions, tile=tile, chunk=chunk, window=window)
     assert not torch.equal(plain, scored)
 
 

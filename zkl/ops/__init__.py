@@ -116,17 +116,17 @@ def attention(
     v: torch.Tensor,
     q_pos: torch.Tensor,
     kv_rows: torch.Tensor | None = None,
-    sinks: torch.Tensor | None = None,
     window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention: q [B, H, Tq, D], k/v [R, Hkv, Tk, D] (key j at position j).
 
     q_pos [B, Tq] are the queries' absolute positions; batch row b reads the keys of row
-    `kv_rows[b]` (the KV-cache slot; default b). `sinks` [H] (gpt-oss): one more logit per
-    head in the softmax's denominator, with no value. `window` > 0 (a sliding-window layer):
-    a query at p sees only keys p - window + 1 .. p.
+    `kv_rows[b]` (the KV-cache slot; default b); `window` W > 0 (sliding window): a query at
+    p sees only the keys p-W+1..p. `sinks` [H] (gpt-oss): one more logit per head in the
+    softmax's denominator, with no value.
     """
-    extra = {"sinks": sinks, "window": window}
+    extra = {"window": window, "sinks": sinks}
     if is_enabled("attention_fixed_split"):
         return _invariant_for(q).attention(q, k, v, q_pos, kv_rows, **extra)
     if q.is_cuda:  # flash for scoring, flash-decoding for decode, as a fast engine runs

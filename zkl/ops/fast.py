@@ -137,12 +137,12 @@ def attention(
     v: torch.Tensor,
     q_pos: torch.Tensor,
     kv_rows: torch.Tensor | None = None,
-    sinks: torch.Tensor | None = None,
     window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """SDPA: `is_causal` when queries are the keys (scoring, whole prefill), else a mask.
-    With `sinks` (SDPA has none) the eager form: the sink as one more softmax column;
-    `window` > 0 masks the keys more than `window - 1` positions behind the query.
+    """SDPA: `is_causal` when queries are the keys (scoring, whole prefill), else a mask;
+    `window` W > 0 keeps the keys p-W+1..p of a query at p. With `sinks` (SDPA has none)
+    the eager form: the sink as one more softmax column.
 
     Under `static_shapes` (a CUDA graph's step, its warm-up included) nothing may be read
     back to the host: the mask then spans the whole cache instead of the keys up to the
@@ -152,38 +152,21 @@ def attention(
         k, v = k[kv_rows], v[kv_rows]
     if sinks is not None:
         return attention_with_sinks(q, k, v, q_pos, sinks, window)
-    if window:
-        mask = visible_keys(k.shape[2], q_pos, window)
-        enable_gqa = q.shape[1] != k.shape[1]
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask.unsqueeze(1), enable_gqa=enable_gqa
-        )
-    if shapes_are_static(q.device):
-        mask = torch.arange(k.shape[2], device=q.device) <= q_pos.unsqueeze(-1)  # [B, Tq, Tk]
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask.unsqueeze(1), enable_gqa=q.shape[1] != k.shape[1]
-        )
-    num_q = q.shape[2]
-    num_keys = int(q_pos.max().item()) + 1
-    k, v = k[:, :, :num_keys], v[:, :, :num_keys]
     enable_gqa = q.shape[1] != k.shape[1]
-    starts_at_zero = bool((q_pos == torch.arange(num_q, device=q.device)).all())
-    if starts_at_zero and num_keys == num_q:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=enable_gqa)
-    mask = torch.arange(num_keys, device=q.device) <= q_pos.unsqueeze(-1)  # [B, Tq, Tk]
+    if not shapes_are_static(q.device):
+        num_q = q.shape[2]
+        num_keys = int(q_pos.max().item()) + 1
+        k, v = k[:, :, :num_keys], v[:, :, :num_keys]
+        starts_at_zero = bool((q_pos == torch.arange(num_q, device=q.device)).all())
+        if starts_at_zero and num_keys == num_q and not 0 < window < num_keys:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=enable_gqa)
+    keys = torch.arange(k.shape[2], device=q.device)
+    mask = keys <= q_pos.unsqueeze(-1)  # [B, Tq, Tk]
+    if window:
+        mask &= keys > q_pos.unsqueeze(-1) - window
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask.unsqueeze(1), enable_gqa=enable_gqa
     )
-
-
-def visible_keys(num_keys: int, q_pos: torch.Tensor, window: int = 0) -> torch.Tensor:
-    """[B, Tq, num_keys] bool: key j is visible to a query at p when j <= p (and, with a
-    window, j > p - window)."""
-    keys = torch.arange(num_keys, device=q_pos.device)
-    visible = keys <= q_pos.unsqueeze(-1)
-    if window:
-        visible &= keys > q_pos.unsqueeze(-1) - window
-    return visible
 
 
 def attention_with_sinks(
@@ -195,13 +178,16 @@ def attention_with_sinks(
     window: int = 0,
 ) -> torch.Tensor:
     """Causal attention whose softmax has one more logit per head, `sinks` [H], with no value
-    (gpt-oss), in the activation dtype as an eager engine computes it. Keys are the whole
-    buffer, masked: nothing is read back to the host."""
+    (gpt-oss), in the activation dtype as an eager engine computes it; `window` as
+    `attention`'s. Keys are the whole buffer, masked: nothing is read back to the host."""
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     scores = torch.matmul(q, k.transpose(2, 3)) * q.shape[-1] ** -0.5  # [B, H, Tq, Tk]
-    visible = visible_keys(k.shape[2], q_pos, window)  # [B, Tq, Tk]
+    keys = torch.arange(k.shape[2], device=q.device)
+    visible = keys <= q_pos.unsqueeze(-1)  # [B, Tq, Tk]
+    if window:
+        visible &= keys > q_pos.unsqueeze(-1) - window
     scores = scores.masked_fill(~visible.unsqueeze(1), float("-inf"))
     sink = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:3], 1)
     probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]

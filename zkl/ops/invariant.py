@@ -87,18 +87,19 @@ def attention(
     v: torch.Tensor,
     q_pos: torch.Tensor,
     kv_rows: torch.Tensor | None = None,
-    sinks: torch.Tensor | None = None,
     window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention, one kernel for prefill, decode and scoring.
 
     q [B, H, Tq, D]; k, v [R, Hkv, Tk, D] where key j sits at position j; q_pos [B, Tq];
-    batch row b reads the keys of row `kv_rows[b]` (default b).
+    batch row b reads the keys of row `kv_rows[b]` (default b); `window` W > 0: a query at
+    p sees only the keys p-W+1..p (sliding window).
     Keys are visited in blocks of 16 from position 0 with an fp32 online softmax; a block
     with no visible key leaves the state untouched, so the number of blocks a batch needs
-    never changes a row's result. `sinks` [H] (gpt-oss) are one more logit per head with no
-    value, folded into the state once, after the last block (`fold_sink`). `window` > 0: a
-    query at p sees keys p - window + 1 .. p only; the blocks still start at position 0.
+    never changes a row's result (and blocks before every query's window are skipped).
+    `sinks` [H] (gpt-oss) are one more logit per head with no value, folded into the state
+    once, after the last block (`fold_sink`).
     """
     if kv_rows is not None:
         k, v = k[kv_rows], v[kv_rows]
@@ -121,7 +122,8 @@ def attention(
     denom = qf.new_zeros(batch, num_heads, num_q)
     acc = qf.new_zeros(batch, num_heads, num_q, head_dim)
     offsets = torch.arange(KV_BLOCK, device=q.device)
-    for block in range(num_blocks):
+    first = max(0, int(q_pos.min().item()) - window + 1) // KV_BLOCK if window else 0
+    for block in range(first, num_blocks):
         lo = block * KV_BLOCK
         kb = k[:, :, lo : lo + KV_BLOCK]  # [B, H, 16, D]
         vb = v[:, :, lo : lo + KV_BLOCK]

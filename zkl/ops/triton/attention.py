@@ -11,7 +11,12 @@ import torch
 import torch.nn.functional as F
 
 from zkl.ops.fast import attention_with_sinks
-from zkl.ops.triton.attention_default import DEFAULT_TILE, attention_default, default_chunk
+from zkl.ops.triton.attention_default import (
+    DEFAULT_TILE,
+    attention_default,
+    default_chunk,
+    window_mask,
+)
 from zkl.ops.triton.attention_kernels import (
     CHUNK,
     KEY_BLOCK,
@@ -20,7 +25,6 @@ from zkl.ops.triton.attention_kernels import (
     Tile,
     decode,
     decode_split,
-    no_window,
     prefill,
 )
 from zkl.ops.triton.attention_probe import _CHOICES, PREFILL_TILES, Choice, choose, prefill_tile
@@ -50,10 +54,11 @@ class _Attention(torch.autograd.Function):
     (with sinks, which flash lacks: the eager form in fp32, the sinks getting their gradient)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, q_pos, sinks):
+    def forward(ctx, q, k, v, q_pos, window, sinks):
         ctx.save_for_backward(q, k, v, q_pos, sinks)
+        ctx.window = window
         tile = prefill_tile(q.shape[-1], q.dtype, q.device)
-        return prefill(q, k, v, q_pos, tile=tile, sinks=sinks)
+        return prefill(q, k, v, q_pos, tile=tile, window=window, sinks=sinks)
 
     @staticmethod
     def backward(ctx, grad):
@@ -64,14 +69,18 @@ class _Attention(torch.autograd.Function):
             if sinks is not None:
                 sd = sinks.detach().requires_grad_()
                 parts = (t.float() for t in (qd, kd, vd))
-                out = attention_with_sinks(*parts, q_pos, sd.float())
+                out = attention_with_sinks(*parts, q_pos, sd.float(), ctx.window)
                 dq, dk, dv, ds = torch.autograd.grad(out, (qd, kd, vd, sd), grad.float())
-                return dq, dk, dv, None, ds
+                return dq, dk, dv, None, None, ds
             # whole heads: flash's GQA support varies by version; the repeat's grad sums back
             kf = kd.repeat_interleave(groups, dim=1) if groups > 1 else kd
             vf = vd.repeat_interleave(groups, dim=1) if groups > 1 else vd
-            out = F.scaled_dot_product_attention(qd, kf, vf, is_causal=True)
-            return (*torch.autograd.grad(out, (qd, kd, vd), grad), None, None)
+            if ctx.window:  # a band mask: SDPA's memory-efficient kernel, not flash
+                mask = window_mask(q.shape[2], ctx.window, q.device)
+                out = F.scaled_dot_product_attention(qd, kf, vf, attn_mask=mask)
+            else:
+                out = F.scaled_dot_product_attention(qd, kf, vf, is_causal=True)
+            return (*torch.autograd.grad(out, (qd, kd, vd), grad), None, None, None)
 
 
 def attention(
@@ -80,22 +89,24 @@ def attention(
     v: torch.Tensor,
     q_pos: torch.Tensor,
     kv_rows: torch.Tensor | None = None,
-    sinks: torch.Tensor | None = None,
     window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [B, H, Tq, D]; k, v [R, Hkv, Tk, D] (key j at position j); q_pos [B, Tq]; sinks [H].
 
-    Batch row b reads keys of row `kv_rows[b]` (default b). With gradients (the train path,
-    whose positions are 0..T-1 and whose keys are its own queries) the backward is flash.
+    Batch row b reads keys of row `kv_rows[b]` (default b); `window` W > 0 lets a query at p
+    see only the keys p-W+1..p. With gradients (the train path, whose positions are 0..T-1
+    and whose keys are its own queries) the backward is PyTorch's SDPA.
     """
-    no_window(window)
     wants_grad = q.requires_grad or (sinks is not None and sinks.requires_grad)
     if kv_rows is None and torch.is_grad_enabled() and wants_grad:
         if q.shape[2] != k.shape[2]:
             raise ValueError("the train path's attention needs its own tokens as keys")
         # contiguous: the backward's flash kernel is slow on the projections' strided views
-        return _Attention.apply(q.contiguous(), k.contiguous(), v.contiguous(), q_pos, sinks)
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        return _Attention.apply(q, k, v, q_pos, window, sinks)
     choice = choose(q.shape[-1], q.dtype, q.device)
+    extra = {"window": window, "sinks": sinks}
     if q.shape[2] == 1 and q.shape[1] // k.shape[1] <= REF_M:
-        return decode(q, k, v, q_pos, kv_rows, rows_per_program=choice.decode_rows, sinks=sinks)
-    return prefill(q, k, v, q_pos, kv_rows, tile=choice.prefill, sinks=sinks)
+        return decode(q, k, v, q_pos, kv_rows, rows_per_program=choice.decode_rows, **extra)
+    return prefill(q, k, v, q_pos, kv_rows, tile=choice.prefill, **extra)

@@ -10,17 +10,21 @@ Prefill and scoring (`_prefill_kernel`) walk a tile of queries over all their ch
 in registers; decode (`_decode_chunks_kernel` + `_combine_kernel`) computes the chunks of
 one query in parallel programs (split-K over the key range, as flash-decoding does) and
 merges their partials in the same order with the same rule. Both call the same block step
-and merge, so prefill == decode == scoring bit for bit. Attention sinks (gpt-oss: one logit a
-head with no value) are folded into the merged state once, after the last chunk, by one rule
-(`_fold_sink`) in both the prefill and the combine kernel.
+and merge, so prefill == decode == scoring bit for bit.
 
 A tile row never depends on the other rows, but a reduction's order follows the tile's
 register layout, so the large prefill tiles are used only where the device shows they give
 the reference tile's bits (`attention_probe.choose`, once per head dim and dtype); the decode
 tile (the query heads of one KV head packed into `REF_M` rows) is the reference tile.
 
-A block with no key visible to a query leaves that query's state untouched (`tl.where`);
-blocks every query of the tile sees fully skip the mask, which computes the same values.
+A block with no key visible to a query leaves that query's state untouched (`tl.where`),
+and a chunk with none is not merged (`_sees_chunk`). A sliding window (`window` W > 0: a
+query at p sees the keys p-W+1..p) changes only which keys are visible: chunks are still
+counted from position 0 and merged in order, so the window's edge falls inside a chunk the
+same way on every path; chunks before the window of every query of a program are skipped,
+which leaves the same bits as visiting them. Attention sinks (gpt-oss: one logit a head with
+no value) are folded into the merged state once, after the last chunk, by one rule
+(`_fold_sink`) in both the prefill and the combine kernel.
 The zero-mode entry point with its backward is `attention.py`; the default path's policy
 `attention_default.py`.
 """
@@ -42,6 +46,7 @@ LOG2E = 1.4426950408889634
 KEY_BLOCK = 64  # keys per online-softmax step
 CHUNK = 256  # keys per chunk; chunks are merged in order from position 0
 
+NO_WINDOW = 1 << 30  # a window wider than any position: full causal attention
 REF_M = 16  # the reference tile's rows (and decode's packed heads)
 REF_WARPS = 4
 
@@ -66,6 +71,7 @@ def _block_step(
     v_base,
     start,
     pos,
+    w_lo,
     m_i,
     l_i,
     acc,
@@ -78,7 +84,8 @@ def _block_step(
     PRECISION: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """One block of keys into a chunk's online-softmax state (scores in log2 units).
+    """One block of keys into a chunk's online-softmax state (scores in log2 units): a
+    query at `pos` sees the keys in (`w_lo`, `pos`] (w_lo = pos - window).
 
     Always masked, and the kernels run without fp contraction: every value is one rounding of
     one IEEE operation, so the same inputs give the same bits in every kernel that calls this.
@@ -96,7 +103,8 @@ def _block_step(
         other=0.0,
     )  # [BLOCK_N, D]
     s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
-    visible = (offs_n[None, :] <= pos[:, None]) & in_buffer[None, :]
+    visible = (offs_n[None, :] <= pos[:, None]) & (offs_n[None, :] > w_lo[:, None])
+    visible = visible & in_buffer[None, :]
     s = tl.where(visible, s, float("-inf"))
     block_any = tl.max(visible.to(tl.int32), axis=1) > 0
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -147,6 +155,19 @@ def _empty_state(BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
+def _sees_chunk(c_lo, pos, w_lo, CHUNK_KEYS: tl.constexpr):
+    """Whether a query sees any key of the chunk at `c_lo`: only such chunks are merged (one
+    with no visible key would merge its empty state; with none before it, 0 * inf)."""
+    return (c_lo <= pos) & (c_lo + CHUNK_KEYS > w_lo + 1)
+
+
+@triton.jit
+def _first_chunk(p, window, CHUNK_KEYS: tl.constexpr):
+    """The first chunk holding a key a query at `p` sees (keys p - window + 1 .. p)."""
+    return tl.maximum(p - window + 1, 0) // CHUNK_KEYS
+
+
+@triton.jit
 def _kv_row(rows_ptr, b, HAS_ROWS: tl.constexpr):
     """The cache row batch row `b` reads: its own, or `rows[b]` (the engine's slots)."""
     kv_b = b
@@ -155,7 +176,7 @@ def _kv_row(rows_ptr, b, HAS_ROWS: tl.constexpr):
     return kv_b
 
 
-@triton.jit(do_not_specialize=["num_q", "num_keys", "num_m_blocks"])
+@triton.jit(do_not_specialize=["num_q", "num_keys", "num_m_blocks", "window"])
 def _prefill_kernel(
     q_ptr,
     k_ptr,
@@ -183,6 +204,7 @@ def _prefill_kernel(
     num_q,
     num_keys,
     num_m_blocks,
+    window,
     qk_scale,
     HAS_ROWS: tl.constexpr,
     HAS_SINKS: tl.constexpr,
@@ -214,28 +236,33 @@ def _prefill_kernel(
     k_base = k_ptr + kv_b * s_kb + kv_h * s_kh
     v_base = v_ptr + kv_b * s_vb + kv_h * s_vh
     end = tl.max(pos, axis=0) + 1
+    w_lo = pos - window
+    # chunks before every query's window would leave every state untouched: start after them
+    first_key = tl.min(tl.where(valid_m, tl.maximum(w_lo + 1, 0), end), axis=0)
+    c_first = (first_key // CHUNK_KEYS) * CHUNK_KEYS
     big_m, big_l, big_o = _empty_state(BLOCK_M, BLOCK_D)
     if NESTED:
-        for c_lo in range(0, end, CHUNK_KEYS):
+        for c_lo in range(c_first, end, CHUNK_KEYS):
             m_i, l_i, acc = _empty_state(BLOCK_M, BLOCK_D)
             c_hi = tl.minimum(c_lo + CHUNK_KEYS, end)
             for start in tl.range(c_lo, c_hi, BLOCK_N, num_stages=STAGES):
                 m_i, l_i, acc = _block_step(
-                    q, k_base, v_base, start, pos, m_i, l_i, acc, s_kt, s_vt, num_keys,
+                    q, k_base, v_base, start, pos, w_lo, m_i, l_i, acc, s_kt, s_vt, num_keys,
                     qk_scale, offs_d, valid_d, PRECISION, BLOCK_N,
                 )  # fmt: skip
-            big_m, big_l, big_o = _merge(big_m, big_l, big_o, m_i, l_i, acc, c_lo <= pos)
+            take = _sees_chunk(c_lo, pos, w_lo, CHUNK_KEYS)
+            big_m, big_l, big_o = _merge(big_m, big_l, big_o, m_i, l_i, acc, take)
     else:
         m_i, l_i, acc = _empty_state(BLOCK_M, BLOCK_D)
-        for start in tl.range(0, end, BLOCK_N, num_stages=STAGES):
+        for start in tl.range(c_first, end, BLOCK_N, num_stages=STAGES):
             m_i, l_i, acc = _block_step(
-                q, k_base, v_base, start, pos, m_i, l_i, acc, s_kt, s_vt, num_keys, qk_scale,
+                q, k_base, v_base, start, pos, w_lo, m_i, l_i, acc, s_kt, s_vt, num_keys, qk_scale,
                 offs_d, valid_d, PRECISION, BLOCK_N,
             )  # fmt: skip
             stop = start + BLOCK_N
             if (stop % CHUNK_KEYS == 0) | (stop >= end):  # a chunk ends: merge it, start afresh
-                c_lo = (start // CHUNK_KEYS) * CHUNK_KEYS
-                big_m, big_l, big_o = _merge(big_m, big_l, big_o, m_i, l_i, acc, c_lo <= pos)
+                take = _sees_chunk((start // CHUNK_KEYS) * CHUNK_KEYS, pos, w_lo, CHUNK_KEYS)
+                big_m, big_l, big_o = _merge(big_m, big_l, big_o, m_i, l_i, acc, take)
                 m_i, l_i, acc = _empty_state(BLOCK_M, BLOCK_D)
     if HAS_SINKS:
         sink = tl.load(sinks_ptr + h + tl.zeros((BLOCK_M,), tl.int32))
@@ -248,7 +275,7 @@ def _prefill_kernel(
     )
 
 
-@triton.jit(do_not_specialize=["num_keys", "chunks_per_program"])
+@triton.jit(do_not_specialize=["num_keys", "chunks_per_program", "window"])
 def _decode_chunks_kernel(
     q_ptr,
     k_ptr,
@@ -273,6 +300,7 @@ def _decode_chunks_kernel(
     num_keys,
     max_chunks,
     chunks_per_program,
+    window,
     qk_scale,
     HAS_ROWS: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -295,6 +323,7 @@ def _decode_chunks_kernel(
     valid_d = offs_d < HEAD_DIM
     p = tl.load(pos_ptr + b * s_pb).to(tl.int32)
     pos = tl.full((BLOCK_M,), 0, tl.int32) + p
+    w_lo = pos - window
     end = p + 1
     q = tl.load(
         q_ptr + b * s_qb + heads[:, None] * s_qh + offs_d[None, :],
@@ -306,12 +335,13 @@ def _decode_chunks_kernel(
     first = tl.program_id(1) * chunks_per_program
     last = tl.minimum(first + chunks_per_program, tl.cdiv(end, CHUNK_KEYS))
     part = (b * num_heads + heads) * max_chunks
-    lo = first * CHUNK_KEYS
+    # chunks before the window: no partial (the combine starts after them)
+    lo = tl.maximum(first, _first_chunk(p, window, CHUNK_KEYS)) * CHUNK_KEYS
     hi = tl.minimum(last * CHUNK_KEYS, end)
     m_i, l_i, acc = _empty_state(BLOCK_M, BLOCK_D)
     for start in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):
         m_i, l_i, acc = _block_step(
-            q, k_base, v_base, start, pos, m_i, l_i, acc, s_kt, s_vt, num_keys, qk_scale,
+            q, k_base, v_base, start, pos, w_lo, m_i, l_i, acc, s_kt, s_vt, num_keys, qk_scale,
             offs_d, valid_d, PRECISION, BLOCK_N,
         )  # fmt: skip
         stop = start + BLOCK_N
@@ -327,7 +357,7 @@ def _decode_chunks_kernel(
             m_i, l_i, acc = _empty_state(BLOCK_M, BLOCK_D)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["window"])
 def _combine_kernel(
     part_m_ptr,
     part_l_ptr,
@@ -342,6 +372,7 @@ def _combine_kernel(
     num_kv_heads,
     groups,
     max_chunks,
+    window,
     HAS_SINKS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -364,7 +395,7 @@ def _combine_kernel(
     part = (b * num_heads + heads) * max_chunks
     big_m, big_l, big_o = _empty_state(BLOCK_M, BLOCK_D)
     take = lane >= 0
-    for c in tl.range(0, n_chunks, num_stages=3):
+    for c in tl.range(_first_chunk(p, window, CHUNK_KEYS), n_chunks, num_stages=3):
         m = tl.load(part_m_ptr + part + c, mask=valid_m, other=0.0)
         l_c = tl.load(part_l_ptr + part + c, mask=valid_m, other=0.0)
         o = tl.load(
@@ -384,20 +415,17 @@ def _combine_kernel(
     )
 
 
-def no_window(window: int) -> None:
-    """Sliding windows are the CPU's only, for now: refuse one here rather than ignore it."""
-    if window:
-        raise NotImplementedError(
-            "sliding-window attention has no CUDA kernel yet; run a model with sliding-window "
-            "layers (model.layer_types / model.sliding_window) with device=cpu."
-        )
-
-
 def _out_like(q: torch.Tensor) -> torch.Tensor:
     """[B, H, T, D] whose memory is [B, T, H, D], so o_proj reads it without a copy."""
     batch, num_heads, num_q, head_dim = q.shape
     out = torch.empty(batch, num_q, num_heads, head_dim, dtype=q.dtype, device=q.device)
     return out.transpose(1, 2)
+
+
+def _window(window: int) -> int:
+    """The kernels' window argument: keys (p - window, p]; no window is one past any position."""
+    assert window >= 0, window
+    return window if window else NO_WINDOW
 
 
 def _check(q, k, v) -> None:
@@ -421,6 +449,7 @@ def prefill(
     kv_rows: torch.Tensor | None = None,
     tile: Tile = REFERENCE,
     chunk: int = CHUNK,
+    window: int = 0,
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Many queries a row (scoring, prefill): query tiles over their chunks, merged in order.
@@ -443,7 +472,7 @@ def prefill(
         v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         positions.stride(0), positions.stride(1),
-        num_heads, num_heads // k.shape[1], num_q, k.shape[2], num_m_blocks,
+        num_heads, num_heads // k.shape[1], num_q, k.shape[2], num_m_blocks, _window(window),
         LOG2E / math.sqrt(head_dim),
         HAS_ROWS=kv_rows is not None,
         HAS_SINKS=sinks is not None,
@@ -477,6 +506,7 @@ def decode(
     chunk: int = CHUNK,
     rows_per_program: int = REF_M,
     fp_fusion: bool = False,
+    window: int = 0,
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query a row: its chunks in parallel programs, then merged in order.
@@ -509,7 +539,7 @@ def decode(
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         positions.stride(0),
-        num_heads, num_kv_heads, groups, k.shape[2], max_chunks, per_program,
+        num_heads, num_kv_heads, groups, k.shape[2], max_chunks, per_program, _window(window),
         LOG2E / math.sqrt(head_dim),
         HAS_ROWS=kv_rows is not None,
         PRECISION=precision,
@@ -526,7 +556,7 @@ def decode(
     _combine_kernel[(batch * num_kv_heads, triton.cdiv(block_d, slice_d))](
         part_m, part_l, part_o, positions, _sinks_log2(sinks, positions), out,
         positions.stride(0), out.stride(0), out.stride(1),
-        num_heads, num_kv_heads, groups, max_chunks,
+        num_heads, num_kv_heads, groups, max_chunks, _window(window),
         HAS_SINKS=sinks is not None,
         HEAD_DIM=head_dim,
         BLOCK_D=slice_d,

@@ -1,6 +1,6 @@
 """Write a transformers checkpoint with random weights and a BPE tokenizer trained on text.
 
-    python scripts/make_hf_checkpoint.py OUT_DIR --shape tiny --family qwen2 \
+    python scripts/make_hf_checkpoint.py OUT_DIR --shape tiny --family qwen2|qwen3|llama|mistral \
         --corpus tests/data/arith_train.jsonl [--max-shard-size 200KB]
 
 The model is written by transformers' own `save_pretrained` (config.json, safetensors,
@@ -49,6 +49,24 @@ SHAPES = {
         rms_norm_eps=1e-6,
         tie_word_embeddings=True,
     ),
+}
+
+
+# --family -> transformers' config and model classes, and what the family adds to the shape:
+# llama3 RoPE scaling that bends the tiny context's frequencies, a window shorter than a row.
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
+FAMILIES = {
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {"rope_parameters": LLAMA3_ROPE}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 16}),
 }
 
 
@@ -102,14 +120,9 @@ def write_model(
     import transformers
 
     numbers = dict(SHAPES[shape])
-    if family == "qwen2":
-        config = transformers.Qwen2Config(**numbers)
-        cls = transformers.Qwen2ForCausalLM
-    elif family == "qwen3":
-        config = transformers.Qwen3Config(**numbers)
-        cls = transformers.Qwen3ForCausalLM
-    else:
-        raise SystemExit(f"--family {family!r}: qwen2 or qwen3")
+    config_name, model_name, extra = FAMILIES[family]
+    config = getattr(transformers, config_name)(**numbers, **extra)
+    cls = getattr(transformers, model_name)
     config.eos_token_id = SPECIALS.index("<|im_end|>")
     config.pad_token_id = SPECIALS.index("<|endoftext|>")
     torch.manual_seed(seed)
@@ -123,7 +136,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
-    parser.add_argument("--family", choices=["qwen2", "qwen3"], default="qwen2")
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="qwen2")
     parser.add_argument("--corpus", required=True, help="a JSONL file the tokenizer learns")
     parser.add_argument("--tokenizer-vocab", type=int, default=320)
     parser.add_argument("--max-shard-size", default=None, help="e.g. 200KB: write shards")

@@ -65,6 +65,8 @@ def test_every_entry_builds_and_names_existing_files():
         # the counts their model cards and safetensors indexes give
         ("qwen2_5_1_5b", 1_543_714_304),
         ("qwen3_30b_a3b", 30_532_122_624),
+        ("llama3_1_8b", 8_030_261_248),
+        ("mistral_7b", 7_241_732_096),
     ],
 )
 def test_parameter_count_from_the_meta_model_matches_the_published_one(model, published):
@@ -73,7 +75,14 @@ def test_parameter_count_from_the_meta_model_matches_the_published_one(model, pu
 
 
 def test_parameter_count_is_the_models_own():
-    for name in ("tiny_dense", "tiny_moe", "tiny_hybrid", "tiny_gpt_oss"):
+    for name in (
+        "tiny_dense",
+        "tiny_moe",
+        "tiny_hybrid",
+        "tiny_llama",
+        "tiny_mistral",
+        "tiny_gpt_oss",
+    ):
         cfg = make_cfg(f"model={name}").model
         model = build_on_meta(cfg)
         assert param_count(cfg) == sum(p.numel() for p in model.parameters())
@@ -101,3 +110,26 @@ def test_an_unknown_model_family_names_the_supported_ones():
     with pytest.raises(ValueError, match="is not one of") as err:
         validate_model(ModelConfig(family="gpt2"))
     assert all(name in str(err.value) for name in FAMILIES)
+
+
+def _refusal(*overrides: str) -> str:
+    from zkl.errors import ConfigError
+    from zkl.run.validate import validate
+
+    with pytest.raises(ConfigError) as err:
+        validate(make_cfg(*overrides))
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+def test_a_window_wider_than_the_context_is_one_sentence():
+    """W >= every position is full attention; a W past model.max_position_embeddings is a slip
+    (a checkpoint's config.json with such a window reads as full attention instead)."""
+    message = _refusal("model=tiny_mistral", "model.sliding_window=500")
+    assert "model.sliding_window=500" in message and "max_position_embeddings=128" in message
+    assert "model.sliding_window must be 0" in _refusal(
+        "model=tiny_llama", "model.sliding_window=8"
+    )
+    assert "model.rope_type='dynamic'" in _refusal("model=tiny_llama", "model.rope_type=dynamic")
+    assert "qwen2" in _refusal("model.family=gpt2") and "mistral" in _refusal("model.family=gpt2")

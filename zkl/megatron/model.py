@@ -66,7 +66,7 @@ class MegatronLM(CausalLM):
         super().__init__()
         self.cfg = cfg
         self.backend = engine  # engine.backend: which megatron-core spec built it
-        self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+        self.rope = RotaryEmbedding(cfg)
         self.step = Step(rope=self.rope)
         self.gpt = GPTModel(
             config=transformer_config(cfg, compute_dtype),

@@ -36,8 +36,18 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 256
     qkv_bias: bool = False  # Qwen2: true
+    o_proj_bias: bool = False  # Llama's attention_bias puts a bias on q/k/v and o_proj
+    mlp_bias: bool = False  # Llama's mlp_bias: gate/up/down biases
     qk_norm: bool = True  # Qwen3: true
     tie_word_embeddings: bool = True
+    # RoPE scaling (zkl.models.rope.ROPE_TYPES): default | linear | llama3
+    rope_type: str = "default"
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0  # llama3
+    rope_high_freq_factor: float = 4.0  # llama3
+    rope_original_max_position_embeddings: int = 0  # llama3
+    # Sliding-window attention: a query at p sees the keys p-W+1..p; 0 is full attention.
+    sliding_window: int = 0
     # MoE (qwen3_moe); num_experts 0 means dense.
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -64,12 +74,10 @@ class ModelConfig:
     routed_scaling_factor: float = 1.0
     n_group: int = 1
     topk_group: int = 1
-    # gpt-oss (family gpt_oss, `zkl.models.gpt_oss`): learned attention sinks, an o_proj
-    # bias, layers of HF's `layer_types` (sliding_attention sees the last `sliding_window`
-    # keys), YaRN RoPE (yarn_factor 0: plain RoPE) and the clamped SwiGLU experts.
+    # gpt-oss (`zkl.models.gpt_oss`): learned attention sinks, layers of HF's `layer_types`
+    # (only sliding_attention layers see the last `sliding_window` keys; empty: every layer
+    # does), YaRN RoPE (yarn_factor 0: none) and the clamped SwiGLU experts.
     attention_sinks: bool = False
-    o_proj_bias: bool = False
-    sliding_window: int = 0
     layer_types: list[str] = field(default_factory=list)
     yarn_factor: float = 0.0
     yarn_beta_fast: float = 32.0
@@ -90,6 +98,13 @@ class ModelConfig:
     def layer_kind(self, layer: int) -> str:
         """mamba | attention | mlp | moe for a hybrid; attention blocks for the Qwen families."""
         return LAYER_KINDS[self.hybrid_override_pattern[layer]]
+
+    def layer_window(self, layer: int) -> int:
+        """The attention window of `layer` (0: full attention); with `layer_types`, only
+        sliding_attention layers have one."""
+        if self.layer_types and self.layer_types[layer] != "sliding_attention":
+            return 0
+        return self.sliding_window
 
     def layer_is_moe(self, layer: int) -> bool:
         """A hybrid pattern's letter, or Qwen3-MoE's rule: sparse every `decoder_sparse_step`
@@ -117,6 +132,12 @@ def validate_shapes(cfg: ModelConfig) -> None:
         raise ValueError(f"model.init_std={cfg.init_std} must be positive.")
     check_divides(cfg, "num_attention_heads", "hidden_size")
     check_divides(cfg, "num_key_value_heads", "num_attention_heads")
+    if not 0 <= cfg.sliding_window <= cfg.max_position_embeddings:
+        # W >= the context is full attention; a larger W than the context is a slip
+        raise ValueError(
+            f"model.sliding_window={cfg.sliding_window} must be between 0 (full attention) "
+            f"and model.max_position_embeddings={cfg.max_position_embeddings}."
+        )
 
 
 def check_dense(cfg: ModelConfig) -> None:

@@ -8,6 +8,7 @@ means writing its own files (model, `*_family.py`) and adding its entry to `FAMI
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import fields
 from typing import Any
@@ -17,10 +18,14 @@ import torch
 from zkl.models.config import ModelConfig, validate_shapes
 from zkl.models.family import Family
 from zkl.models.gpt_oss_family import GPT_OSS
+from zkl.models.llama_family import LLAMA, MISTRAL
 from zkl.models.nemotron_h_family import NEMOTRON_H
 from zkl.models.qwen_family import QWEN2, QWEN3, QWEN3_MOE
+from zkl.models.rope import validate_rope
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (QWEN2, QWEN3, QWEN3_MOE, NEMOTRON_H, GPT_OSS)}
+FAMILIES: dict[str, Family] = {
+    f.name: f for f in (QWEN2, QWEN3, QWEN3_MOE, NEMOTRON_H, LLAMA, MISTRAL, GPT_OSS)
+}
 
 
 def supported() -> str:
@@ -60,12 +65,34 @@ def validate_model(cfg: ModelConfig) -> None:
         raise ValueError(
             f"model.hybrid_override_pattern must be empty for model.family={cfg.family!r}."
         )
+    if cfg.sliding_window and "sliding_window" not in entry.capabilities:
+        raise ValueError(
+            f"model.sliding_window must be 0 for model.family={cfg.family!r} (full attention)."
+        )
+    validate_rope(cfg)
     entry.validate(cfg)
+
+
+# torch.nn.init functions the modules' own `reset_parameters` call: on the meta device they
+# would set nothing, yet their first call imports torch's Python decompositions (seconds).
+_INITS = ("normal_", "uniform_", "kaiming_uniform_", "kaiming_normal_", "zeros_", "ones_")
+
+
+@contextlib.contextmanager
+def _no_init():
+    saved = {name: getattr(torch.nn.init, name) for name in _INITS}
+    try:
+        for name in _INITS:
+            setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch.nn.init, name, fn)
 
 
 def build_on_meta(cfg: ModelConfig) -> torch.nn.Module:
     """The model of `cfg` with shapes and no storage: what counts and layouts are read from."""
-    with torch.device("meta"):
+    with torch.device("meta"), _no_init():
         return family(cfg).model_class(cfg)
 
 

@@ -1,4 +1,5 @@
-"""Qwen2 / Qwen3 / Qwen3-MoE decoder: one definition for the train path and the gen path.
+"""The pre-norm decoder of Qwen2 / Qwen3 / Qwen3-MoE / Llama / Mistral: one definition for
+the train path and the gen path (biases, RoPE scaling and the sliding window from the config).
 
 The forward takes absolute positions and, on the gen path, a KV cache with the cache slots
 of the rows; it writes K/V to the cache *before* attention, so prefill and decode read keys
@@ -16,6 +17,7 @@ from zkl.models.causal_lm import CausalLM
 from zkl.models.config import ModelConfig
 from zkl.models.fused import init_order
 from zkl.models.moe import combine, fixed_route, group_by_expert, run_experts
+from zkl.models.rope import inverse_frequencies
 from zkl.precision import linear_weight_and_input, quantizes
 
 
@@ -73,14 +75,16 @@ class RMSNorm(nn.Module):
 class RotaryEmbedding(nn.Module):
     """cos/sin tables built once for every position, so a position's angles never vary."""
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        # Built on the CPU whatever the model's device, so every device gets the same tables
-        # (on the meta device, for counts and layouts, no table is built).
-        device = "meta" if torch.empty(0).is_meta else "cpu"
-        steps = torch.arange(0, head_dim, 2, dtype=torch.float64, device=device)
-        inv_freq = 1.0 / (theta ** (steps / head_dim))
-        positions = torch.arange(max_positions, dtype=torch.float64, device=device)
+        shape = (cfg.max_position_embeddings, cfg.head_dim)
+        if torch.empty(0).is_meta:  # counts and layouts: shapes only, nothing computed
+            self.register_buffer("cos", torch.empty(shape), persistent=False)
+            self.register_buffer("sin", torch.empty(shape), persistent=False)
+            return
+        # Built on the CPU whatever the model's device, so every device gets the same tables.
+        inv_freq = inverse_frequencies(cfg)  # [D/2] float64
+        positions = torch.arange(shape[0], dtype=torch.float64, device="cpu")
         angles = torch.outer(positions, inv_freq)
         angles = torch.cat([angles, angles], dim=-1)
         self.register_buffer("cos", angles.cos().float(), persistent=False)
@@ -109,8 +113,7 @@ class Attention(nn.Module):
         self.o_proj = Linear(self.num_heads * self.head_dim, cfg.hidden_size, cfg.o_proj_bias)
         # gpt-oss: one learned logit a head in the softmax's denominator, with no value
         self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if cfg.attention_sinks else None
-        sliding = cfg.layer_types and cfg.layer_types[layer] == "sliding_attention"
-        self.window = cfg.sliding_window if sliding else 0  # keys a query sees; 0: all
+        self.window = cfg.layer_window(layer)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
@@ -140,17 +143,17 @@ class Attention(nn.Module):
                 q, k = ops.rotary(q, k, rope.cos, rope.sin, positions)
             k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, Hkv, T, D]
         out = ops.attention(
-            q.transpose(1, 2), k, v, positions, kv_rows, sinks=self.sinks, window=self.window
+            q.transpose(1, 2), k, v, positions, kv_rows, window=self.window, sinks=self.sinks
         )  # [B, H, T, D]
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
 class MLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int):
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
         parts = {"gate_proj": intermediate, "up_proj": intermediate}
-        self.gate_up_proj = Linear(hidden, parts, False)
-        self.down_proj = Linear(intermediate, hidden, False)
+        self.gate_up_proj = Linear(hidden, parts, bias)
+        self.down_proj = Linear(intermediate, hidden, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj.split(self.gate_up_proj(x))
@@ -226,7 +229,7 @@ class Block(nn.Module):
         self.mlp = (
             SparseMoE(cfg)
             if cfg.layer_is_moe(layer)
-            else MLP(cfg.hidden_size, cfg.intermediate_size)
+            else MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
         )
 
     def forward(self, x, delta, positions, rope, cache=None, slots=None):
@@ -248,7 +251,7 @@ class Transformer(CausalLM):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, False, quantizable=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+        self.rope = RotaryEmbedding(cfg)
 
     def hidden_states(self, tokens, positions, cache=None, slots=None, logit_index=None):
         """The final norm's output [B, T, hidden] (or [B, hidden] at `logit_index`): what

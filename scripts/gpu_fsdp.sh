@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # FSDP2 runs on GPUs (zkl/distributed), in stages, each logging under $OUT (or ./gpu_out).
-#   bash scripts/gpu_fsdp.sh one     # nvidia-h200 (issue 25): world size 1 through the FSDP
+#   bash scripts/gpu_fsdp.sh one     # nvidia-h200: world size 1 through the FSDP
 #                                    # path beside today's single-process path, 1.5B shape,
 #                                    # 10 steps each: both exactly zero, step time <= 1.05x
-#   bash scripts/gpu_fsdp.sh multi   # nvidia-h200-x2/x4/x8 (issue 26): the multi-GPU tests,
+#   bash scripts/gpu_fsdp.sh multi   # nvidia-h200-x2/x4/x8: the multi-GPU tests,       
 #                                    # then every world size 2..GPUs through torchrun: 10 steps
 #                                    # bf16 and mxfp8, both kv modes, exactly zero; default mode
 #                                    # non-zero; step-0 rollouts against world size 1; tokens/s

@@ -178,3 +178,21 @@ def test_a_full_disk_during_a_save_is_one_sentence_and_exit_1(copy):
     assert not path.with_name(path.name + ".tmp").exists()
     assert checkpoint_file.read(path, 3)["step"] == 2
     assert len((copy / "metrics.jsonl").read_text().splitlines()) == 3
+
+
+def test_the_digest_is_the_one_earlier_checkpoints_hold():
+    """The digest reads each tensor's bytes through a uint8 view: the same sha256 as the
+    raw-memory read it replaced (this hex was computed by that code), so older checkpoints
+    still verify; a transposed bf16, a bool, an empty and a 0-d tensor cover the layouts."""
+    weights = torch.arange(12, dtype=torch.float32).reshape(3, 4).t().bfloat16()
+    state = {
+        "w": weights,
+        "b": torch.tensor([True, False]),
+        "e": torch.zeros(0),
+        "s": torch.tensor(2.5, dtype=torch.float64),
+        "n": [1, 2.5, "x", None, (b"y",)],
+    }
+    expected = "393e404b7aad5ba174e581b32234a7896c69b8844d6a5216c047f6a265bbf8ca"
+    assert checkpoint_file.digest(state) == expected
+    state["w"] = weights.clone().view(torch.int16).add_(1).view(torch.bfloat16)
+    assert checkpoint_file.digest(state) != expected

@@ -20,7 +20,7 @@ from zkl.errors import ConfigError
 from zkl.experiments.transport_peak import peak_gb_per_s
 from zkl.layouts.dedicated import DedicatedGenerator
 from zkl.run.validate import validate
-from zkl.trainer.policy import Policy
+from zkl.trainer.build import build_policy
 
 HUGE = 10**15
 NCCL = ["+layout=dedicated", "layout.backend=nccl"]
@@ -110,7 +110,7 @@ def test_peak_measures_the_broadcast_the_refit_uses(tmp_path):
     assert not dist.is_initialized()
     generator = DedicatedGenerator(cfg, eos_id=1, run_dir=tmp_path)
     try:
-        policy = Policy(cfg)
+        policy = build_policy(cfg)
         generator.refit(policy.refit_state(), policy.version)
     finally:
         generator.close()

@@ -18,7 +18,7 @@ from zkl.experiments.transport_peak import peak_gb_per_s
 from zkl.layouts.dedicated import DedicatedGenerator
 from zkl.rl.loop import run
 from zkl.tracking.run_log import read_metrics
-from zkl.trainer.policy import Policy
+from zkl.trainer.build import build_policy
 
 pytestmark = [
     pytest.mark.gpu,
@@ -60,7 +60,7 @@ def test_nccl_generator_killed_mid_run_is_reported_in_seconds(tmp_path):
 
 def test_nccl_peak_and_refit_on_two_gpus(tmp_path):
     cfg = make_cfg(*NCCL)
-    policy = Policy(cfg)
+    policy = build_policy(cfg)
     rate = peak_gb_per_s(cfg, 64 << 20, repeats=3)
     assert math.isfinite(rate) and rate > 0
     generator = DedicatedGenerator(cfg, eos_id=1, run_dir=tmp_path)

@@ -18,7 +18,7 @@ from zkl.models import build_model
 from zkl.precision.fp8_tensor import fake_quantize_fp8_tensor
 from zkl.precision.mx import fake_quantize_mxfp8
 from zkl.rl.loop import make_requests, run
-from zkl.trainer.policy import Policy
+from zkl.trainer.build import build_policy
 
 MXFP8 = ("+precision=mxfp8", "rl.steps=3", *SMALL)
 FAKE_QUANT = {"mxfp8": fake_quantize_mxfp8, "fp8_tensor": fake_quantize_fp8_tensor}
@@ -117,7 +117,7 @@ def test_engine_quant_cache_after_refit(flag):
     task = build_task(cfg.task, cfg.model.vocab_size)
     _, requests = make_requests(cfg, task, 0)
     with invariance.enabled(invariance.resolve(True, vars(cfg.fixes))):
-        policy = Policy(cfg)
+        policy = build_policy(cfg)
         generator = build_generator(cfg, policy, task.tokenizer.eos_id)  # shares the model
         linears = {id(m): m for m in policy.model.modules() if getattr(m, "quantize", None)}
         try:

@@ -137,7 +137,7 @@ def test_common_settings_cert_verdicts_and_baseline_first(tmp_path):
     assert settings["precision.name"] == "bf16" and settings["layout.name"] == "colocated"
     runs = tables["runs"]
     fixes_col = runs.headers.index("fixes")
-    assert [r[fixes_col].text for r in runs.rows] == ["all on", "-logprob_path"]
+    assert [r[fixes_col].text for r in runs.rows] == ["all_fixes", "minus_logprob_path"]
     cert_table = tables["cert"]
     assert "mode" in cert_table.headers and "result" in cert_table.headers
     results = [r[cert_table.headers.index("result")].text for r in cert_table.rows]
@@ -157,7 +157,7 @@ def test_twenty_runs_stay_readable(tmp_path):
     assert legend.y < 0 and legend.xanchor == "left"  # below the plot: its width is the page's
     assert fig.layout.margin.r <= 40
     assert "position: sticky" in page.STYLE and "td:first-child" in page.STYLE
-    assert html.count("Plotly.newPlot(") == 1
+    assert html.count("Plotly.newPlot(") == 1  # no reward logged: the KL plot alone
     assert html.count("plotly.js v") == 1  # the library inlined once
     without_library = len(html) - len(page.get_plotlyjs())
     assert without_library < 200_000, without_library

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -24,6 +25,7 @@ QUIET = ["tracking.wandb.mode=disabled", "tracking.progress=false"]
 # Each sweep's documented command runs for real, on fewer points where the sweep is large.
 SMALLER = {
     "fix_ablation": ["+precision=mxfp8"],  # still all nine fixes
+    "precision_matrix": ["model=tiny_moe"],  # still every arm, precision and kv mode
     "cert_beds": ["cert.steps=2", "cert.models=[tiny_moe]", "cert.precisions=[mxfp8]"],
 }
 
@@ -63,7 +65,13 @@ def test_sweep_runs_every_job(sweep, tmp_path):
         assert len(sources.cert) == len(jobs)
     if sweep == "fix_ablation":
         fixes_off = {r.fixes for r in sources.runs}
-        assert fixes_off == {"all on"} | {f"-{name}" for name in FIXES}
+        assert fixes_off == {"all_fixes"} | {f"minus_{name}" for name in FIXES}
+    if sweep == "precision_matrix":  # zero mode exactly 0; its contrast, zero mode off, not
+        arms = {(r.fixes, r.flat["layout.name"]) for r in sources.runs}
+        zero, off = "all_fixes", "no_fixes"
+        assert arms == {(zero, "colocated"), (zero, "dedicated"), (off, "colocated")}
+        for r in sources.runs:
+            assert (max(r.series()) == 0.0) == (r.fixes == "all_fixes"), (r.name, r.series())
 
 
 def _launcher(*overrides: str) -> dict:
@@ -140,3 +148,20 @@ def test_probe_decode_rows_names_the_op_that_breaks_a_row():
         [*script, *tiny, "--trace", "3", "2"], capture_output=True, text=True, check=True, cwd=REPO
     )
     assert '"mismatching_requests": 0' in zero.stdout and '"equal_calls": 19' in zero.stdout
+
+
+def test_every_script_and_experiment_the_docs_name_exists():
+    """A renamed or removed script leaves no stale command behind: every `scripts/<file>` and
+    `python -m zkl.experiments.<module>` in the README, docs/ and scripts/ names a file."""
+    texts = [REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "scripts").iterdir()]
+    named: set[str] = set()
+    for path in texts:
+        text = path.read_text()
+        named |= set(re.findall(r"\bscripts/[\w.]+\.(?:py|sh)\b", text))
+        named |= {
+            "zkl/experiments/" + m + ".py" for m in re.findall(r"-m zkl\.experiments\.(\w+)", text)
+        }
+    assert named, "the pattern finds nothing: the test would pass vacuously"
+    assert sorted(n for n in named if not (REPO / n).is_file()) == []
+    for script in (REPO / "scripts").glob("*.sh"):  # each runbook at least parses
+        subprocess.run(["bash", "-n", str(script)], check=True)

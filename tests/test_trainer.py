@@ -8,7 +8,8 @@ from conftest import SMALL, make_cfg
 
 from zkl import invariance
 from zkl.rl.loop import run
-from zkl.trainer.policy import Policy
+from zkl.trainer.build import build_policy
+from zkl.trainer.local import LocalPolicy
 from zkl.trainer.update import UpdateBatch
 
 
@@ -19,7 +20,7 @@ def test_a_step_asks_the_trainer_once_for_each_job(tmp_path, monkeypatch):
     updates = []
 
     def counted(name, record=None):
-        real = getattr(Policy, name)
+        real = getattr(LocalPolicy, name)
 
         def wrapper(self, *args):
             calls[name] += 1
@@ -28,7 +29,7 @@ def test_a_step_asks_the_trainer_once_for_each_job(tmp_path, monkeypatch):
                 record.append(out)
             return out
 
-        monkeypatch.setattr(Policy, name, wrapper)
+        monkeypatch.setattr(LocalPolicy, name, wrapper)
 
     counted("score")
     counted("update", updates)
@@ -41,7 +42,7 @@ def test_a_step_asks_the_trainer_once_for_each_job(tmp_path, monkeypatch):
         assert row["weights/version"] == stats["weights/version"] == row["step"] + 1
 
 
-def _batch(policy: Policy, cfg) -> UpdateBatch:
+def _batch(policy: LocalPolicy, cfg) -> UpdateBatch:
     prompts = [[2, 3, 4, 5], [2, 3, 6], [7, 8, 9, 10, 11], [4, 4]]
     responses = [[12, 13], [14, 15, 16], [17], [18, 19, 20]]
     temps = [cfg.sampling.temperature] * len(prompts)
@@ -50,7 +51,7 @@ def _batch(policy: Policy, cfg) -> UpdateBatch:
     return UpdateBatch(prompts, responses, old, advantages, temps)
 
 
-def _changed_bits(before: dict[str, torch.Tensor], policy: Policy) -> int:
+def _changed_bits(before: dict[str, torch.Tensor], policy: LocalPolicy) -> int:
     after = policy.refit_state()
     return sum(not torch.equal(before[n], after[n]) for n in before)
 
@@ -61,7 +62,7 @@ def test_update_counts_the_refit_tensors_whose_bits_changed():
     for lr, expect_change in (("1e-3", True), ("1e-12", False)):
         cfg = make_cfg("+precision=bf16", f"rl.lr={lr}", "rl.weight_decay=0.0")
         with invariance.enabled(invariance.from_config(cfg)):
-            policy = Policy(cfg)
+            policy = build_policy(cfg)
             batch = _batch(policy, cfg)
             before = {n: t.clone() for n, t in policy.refit_state().items()}
             stats = policy.update(batch)

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 
 from zkl.errors import ConfigError
 from zkl.memory import param_count
@@ -124,23 +125,40 @@ def read_json(file: Path, what: str) -> object:
 REAL_MODEL_PARAMS = 100_000_000  # a model this large without a checkpoint gets a warning
 
 
-def _offsets(info: object) -> tuple[int, int] | None:
-    offsets = info.get("data_offsets") if isinstance(info, dict) else None
-    if not (isinstance(offsets, list) and len(offsets) == 2):
-        return None
-    if not all(type(x) is int for x in offsets):
-        return None
-    return offsets[0], offsets[1]
-
-
 def read_header(file: Path) -> dict[str, tuple[str, list[int]]]:
     """name -> (dtype, shape) from a safetensors header; ValueError if corrupt or truncated.
 
-    As safetensors itself requires when it loads: every entry well-typed, the tensors'
-    byte ranges in bounds, not overlapping and with no gap, covering the data exactly, and
-    `__metadata__` a str -> str map. Here they fail before any model is built.
+    The safetensors library reads the header (without touching the data) and checks what it
+    checks when it loads: every entry well-typed, the tensors' byte ranges in bounds, not
+    overlapping and with no gap, covering the data exactly, `__metadata__` a str -> str map.
+    Its refusal is then explained by `_explain` (which tensor, which way), before any model
+    is built.
     """
-    regular_file(file)
+    regular_file(file)  # safe_open would block on a FIFO
+    try:
+        with safe_open(str(file), "pt") as f:
+            out = {}
+            for name in f.keys():  # noqa: SIM118 (safe_open, not a dict)
+                part = f.get_slice(name)
+                out[name] = (part.get_dtype(), list(part.get_shape()))
+    except SafetensorError as err:
+        _explain(file)
+        reason = str(err).split(": ", 1)[-1]
+        raise ValueError(f"{file.name} has a corrupt safetensors header ({reason}).") from None
+    for name, (dtype, _) in out.items():
+        # kept: safetensors accepts dtypes (U16, U32, U64, F8_E8M0, F4, ...) that no zkl
+        # model holds, and torch cannot make some of them; refused here by name
+        if dtype not in DTYPES:
+            raise ValueError(f"{file.name} has a corrupt safetensors header entry for {name!r}.")
+    return out
+
+
+def _explain(file: Path) -> None:
+    """Raise the ValueError that names what safetensors refused in `file`'s header.
+
+    The library says only which check failed; this reads the header again to say where
+    (the tensor, overlap or gap, truncation or extra bytes). Returns when it finds nothing.
+    """
     size = file.stat().st_size
     with open(file, "rb") as f:
         head = f.read(8)
@@ -162,21 +180,12 @@ def read_header(file: Path) -> dict[str, tuple[str, list[int]]]:
     ):
         raise ValueError(f"{file.name} has a __metadata__ that is not a map of strings.")
     data_bytes = size - 8 - length
-    out, ranges = {}, []
+    ranges = []
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        offsets = _offsets(info)
-        try:
-            dtype, shape = info["dtype"], list(info["shape"])
-            consistent = offsets is not None and all(type(d) is int and d >= 0 for d in shape)
-            if consistent:
-                begin, end = offsets
-                nbytes = math.prod(shape) * DTYPES[dtype].itemsize
-                consistent = begin >= 0 and end - begin == nbytes
-        except (TypeError, KeyError, ValueError):
-            consistent = False
-        if not consistent:
+        begin, end = _entry_range(info)
+        if end < 0:
             raise ValueError(f"{file.name} has a corrupt safetensors header entry for {name!r}.")
         if end > data_bytes:
             raise ValueError(
@@ -184,7 +193,6 @@ def read_header(file: Path) -> dict[str, tuple[str, list[int]]]:
                 f"the file holds {data_bytes}."
             )
         ranges.append((begin, end, name))
-        out[name] = (dtype, shape)
     position, previous = 0, None
     for begin, end, name in sorted(ranges):
         if begin != position:
@@ -200,7 +208,22 @@ def read_header(file: Path) -> dict[str, tuple[str, list[int]]]:
             f"{file.name} holds {data_bytes - position} bytes after its last tensor; the "
             "header's data_offsets are corrupt."
         )
-    return out
+
+
+def _entry_range(info: object) -> tuple[int, int]:
+    """A header entry's [begin, end) byte range, or (-1, -1) when the entry is malformed:
+    offsets not two ints, a shape not of ints, a dtype zkl does not know, or a range whose
+    length is not the tensor's size."""
+    offsets = info.get("data_offsets") if isinstance(info, dict) else None
+    if not (isinstance(offsets, list) and len(offsets) == 2):
+        return -1, -1
+    shape = info.get("shape")
+    ints = [*offsets, *shape] if isinstance(shape, list) else [None]
+    if not all(type(x) is int and x >= 0 for x in ints) or info.get("dtype") not in DTYPES:
+        return -1, -1
+    begin, end = offsets
+    nbytes = math.prod(shape) * DTYPES[info["dtype"]].itemsize
+    return (begin, end) if end - begin == nbytes else (-1, -1)
 
 
 def _meta_tensors(path: Path) -> dict[str, torch.Tensor]:

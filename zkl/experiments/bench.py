@@ -41,6 +41,7 @@ from zkl.precision import DTYPES
 from zkl.rl.loop import make_requests, validate_run
 from zkl.run.compose import to_object
 from zkl.run.schema import CONF_DIR, ZklConfig
+from zkl.trainer.build import build_policy
 from zkl.trainer.policy import Policy
 from zkl.trainer.scoring import score
 
@@ -100,7 +101,7 @@ def run_bench(cfg: ZklConfig, run_dir: str | Path) -> dict[str, float]:
     task = build_task(cfg.task, cfg.model.vocab_size)
     validate_run(cfg, task)
     say(f"building {cfg.model.name} on {cfg.device}; results go to {Path(run_dir) / 'bench.json'}")
-    policy = Policy(cfg)
+    policy = build_policy(cfg)
     hybrid = getattr(policy.model, "num_mamba_layers", 0) > 0
     # A hybrid's figure of merit is its decode with the Mamba fix on vs off (below, on any
     # device); the CUDA table (graphs, GEMMs vs cuBLAS, transformers) is for dense models.

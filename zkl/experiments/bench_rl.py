@@ -32,6 +32,7 @@ from zkl.experiments.workload import MODES
 from zkl.generation.engine import GenerationEngine
 from zkl.layouts import build_generator
 from zkl.rl.loop import make_requests, train_step, validate_run
+from zkl.trainer.build import build_policy
 from zkl.trainer.policy import Policy
 
 SCORE_TOKENS = 65536  # tokens a scoring forward
@@ -102,7 +103,7 @@ def generation_rows(cfg: Any, shape: str, bandwidth: float) -> dict[str, object]
     prompt, response, rollouts = parse_shape(shape)
     c = shaped_config(cfg, prompt, response, rollouts)
     task = build_task(c.task, c.model.vocab_size)
-    policy = Policy(c)
+    policy = build_policy(c)
     _, requests = make_requests(c, task, step=0)
     out: dict[str, object] = {}
     key = f"rl_gen/{shape}"
@@ -145,7 +146,7 @@ def step_rows(cfg: Any, shape: str) -> dict[str, object]:
     task = build_task(c.task, c.model.vocab_size)
     out: dict[str, object] = {}
     key = f"rl_step/{shape}"
-    policy = Policy(c)
+    policy = build_policy(c)
     initial = {k: v.to("cpu", copy=True) if torch.is_tensor(v) else copy.deepcopy(v)
                for k, v in policy.state_dict().items()}  # fmt: skip
     for mode, fixes in MODES.items():

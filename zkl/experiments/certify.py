@@ -20,7 +20,7 @@ from zkl.rl import loop
 from zkl.rl.metrics import mismatch_metrics
 from zkl.run.schema import ZklConfig
 from zkl.run.validate import validate
-from zkl.trainer.policy import Policy
+from zkl.trainer.build import build_policy
 from zkl.trainer.scoring import score
 
 # (max_batch_size, prefill_chunk, arrival order, scoring micro-batch)
@@ -61,7 +61,7 @@ def certify_step0(cfg: ZklConfig) -> dict[str, Any]:
     requests = cert_requests(cfg, task, cfg.seed)
     lp_train, lp_gen = [], []
     with invariance.enabled(invariance.from_config(cfg)):
-        policy = Policy(cfg)
+        policy = build_policy(cfg)
         generator = build_generator(cfg, policy, task.tokenizer.eos_id)
         try:
             generator.refit(policy.refit_state(), policy.version)

@@ -11,7 +11,7 @@ processed logits in the model dtype.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -28,6 +28,8 @@ class GenerationModel(Protocol):
     to that cache's rows `slots` before attending over them."""
 
     embed_tokens: torch.nn.Embedding  # its weight gives the model's device and dtype
+    cfg: Any  # its ModelConfig: the position limit and the CUDA-graph rule read it
+    backend: str  # the `engine.backend` that built it
 
     def make_cache(self, num_slots: int, max_len: int) -> KVCache: ...
 

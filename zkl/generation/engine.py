@@ -18,6 +18,7 @@ from functools import partial
 
 import torch
 
+from zkl.generation.config import EngineConfig, KVConfig
 from zkl.generation.decode import GenerationModel, Sampler, decode_one_token
 from zkl.generation.graphs import BucketedDecode, graphs_on
 from zkl.generation.kv_cache import KVCache
@@ -26,6 +27,7 @@ from zkl.generation.prefix_cache import PrefixCache
 from zkl.generation.sampling import SamplingParams
 from zkl.generation.slots import SlotState
 from zkl.invariance import FIXES, is_enabled
+from zkl.models.config import check_positions
 from zkl.precision import quantizes, weight_cache
 
 CAPACITY_STEP = 256  # graphs keep their cache: lengths round up to this, so few recaptures
@@ -74,18 +76,19 @@ class GenerationEngine:
         *,
         max_batch_size: int,
         eos_id: int | None,
-        kv_mode: str = "recompute",
-        prefill_chunk: int = 0,
-        prefix_cache_blocks: int = 4096,
-        sync_every: int = 1,
-        cuda_graphs: str = "off",
+        kv_mode: str = KVConfig.mode,
+        prefill_chunk: int = EngineConfig.prefill_chunk,
+        prefix_cache_blocks: int = EngineConfig.prefix_cache_blocks,
+        sync_every: int = EngineConfig.sync_every,
+        cuda_graphs: str = EngineConfig.cuda_graphs,
     ):
+        """The knobs are `engine.*` and `kv.mode`, with the config's defaults (one answer)."""
         self.model = model
         self.max_batch_size = max_batch_size
         self.eos_id = eos_id if eos_id is not None and eos_id >= 0 else None
         self.kv_mode = kv_mode
         self.prefill_chunk = prefill_chunk
-        self.sync_every = sync_every
+        self.sync_every = sync_every or (8 if self.device.type == "cuda" else 1)  # 0: auto
         self.prefix_cache = PrefixCache(prefix_cache_blocks) if kv_mode == "persist" else None
         self.weight_version = 0
         self.quant_cache: dict[int, torch.Tensor] = {}  # quantized weights, filled lazily
@@ -132,13 +135,7 @@ class GenerationEngine:
         stats = self.stats = EngineStats()
         max_new = max(r.params.max_new_tokens for r in requests)
         max_len = max(len(r.prompt) for r in requests) + max_new
-        rope = getattr(self.model, "rope", None)  # the fused RoPE reads its tables unchecked
-        if rope is not None and max_len > rope.cos.shape[0]:
-            raise ValueError(
-                f"a request needs {max_len} positions (prompt + max_new_tokens) but "
-                f"model.max_position_embeddings={rope.cos.shape[0]}; raise it or shorten "
-                "the prompts or sampling.max_new_tokens."
-            )
+        check_positions(self.model.cfg, max_len, "a prompt plus sampling.max_new_tokens needs")
         sampler = Sampler(
             top_k=any(r.params.top_k > 0 for r in requests),
             top_p=any(r.params.top_p < 1 for r in requests),

@@ -10,16 +10,8 @@ from zkl.generation.engine import GenerationEngine
 from zkl.precision import DTYPES
 
 
-def sync_every(cfg, device: torch.device) -> int:
-    """`engine.sync_every`, with 0 meaning 1 on the CPU and 8 on a GPU."""
-    if cfg.engine.sync_every:
-        return cfg.engine.sync_every
-    return 8 if device.type == "cuda" else 1
-
-
 def build_engine(cfg, model: torch.nn.Module, eos_id: int | None) -> GenerationEngine:
     """The engine over `model`; `sampling.ignore_eos` turns EOS off (fixed-length responses)."""
-    device = model.embed_tokens.weight.device
     return GenerationEngine(
         model,
         max_batch_size=cfg.engine.max_batch_size,
@@ -27,7 +19,7 @@ def build_engine(cfg, model: torch.nn.Module, eos_id: int | None) -> GenerationE
         kv_mode=cfg.kv.mode,
         prefill_chunk=cfg.engine.prefill_chunk,
         prefix_cache_blocks=cfg.engine.prefix_cache_blocks,
-        sync_every=sync_every(cfg, device),
+        sync_every=cfg.engine.sync_every,
         cuda_graphs=cfg.engine.cuda_graphs,
     )
 

@@ -62,6 +62,8 @@ def transformer_config(model: ModelConfig, compute_dtype: torch.dtype) -> Transf
 class MegatronLM(CausalLM):
     """zkl's model interface over a megatron-core GPTModel (see the module docstring)."""
 
+    chunked_head = False  # GPTModel's forward makes the logits (`logits` below)
+
     def __init__(self, cfg: ModelConfig, engine: str, compute_dtype: torch.dtype):
         super().__init__()
         self.cfg = cfg

@@ -11,11 +11,15 @@ from zkl.generation.kv_cache import KVCache
 class CausalLM(nn.Module):
     """A model of `cfg` with `embed_tokens`: forward to logits and the gen path's cache.
 
-    A model gives `hidden_states` and `lm_head`, or overrides `logits` when its framework
-    computes the head itself; `make_cache` is overridden by models with more than K/V.
+    A model gives `hidden_states` and `lm_head`, or overrides `logits` (and sets
+    `chunked_head = False`) when its framework computes the head itself;
+    `make_cache` is overridden by models with more than K/V.
     """
 
     backend = "native"  # `engine.backend` that built it (the engine's graph rule reads it)
+    # The train path runs `hidden_states` once and `lm_head` a chunk of tokens at a time
+    # (zkl/trainer/scoring.py); a model whose framework computes its own head says False.
+    chunked_head = True
 
     def forward(
         self,

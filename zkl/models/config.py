@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from zkl.errors import ConfigError
+
 # Megatron's hybrid pattern letters: Mamba2, attention, MLP, MoE.
 LAYER_KINDS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 
@@ -159,4 +161,15 @@ def check_top_k(cfg: ModelConfig, experts: str) -> None:
         raise ValueError(
             f"model.num_experts_per_tok={cfg.num_experts_per_tok} must be between 1 and "
             f"model.{experts}={getattr(cfg, experts)}."
+        )
+
+
+def check_positions(cfg: ModelConfig, positions: int, needed_by: str) -> None:
+    """The one position limit, wherever a sequence's length is first known (the run's
+    config, the engine's requests, the train path's forward): ConfigError when `positions`
+    exceed `model.max_position_embeddings` (the rotary tables are read unchecked)."""
+    if positions > cfg.max_position_embeddings:
+        raise ConfigError(
+            f"model.max_position_embeddings={cfg.max_position_embeddings} is shorter than the "
+            f"{positions} positions {needed_by}; raise it."
         )

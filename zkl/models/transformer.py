@@ -14,14 +14,14 @@ from torch import nn
 from zkl import ops, rng
 from zkl.invariance import is_enabled
 from zkl.models.causal_lm import CausalLM
-from zkl.models.config import ModelConfig
+from zkl.models.config import ModelConfig, check_positions
 from zkl.models.fused import init_order
 from zkl.models.moe import combine, fixed_route, group_by_expert, run_experts
 from zkl.models.rope import inverse_frequencies
-from zkl.precision import linear_weight_and_input, quantizes
+from zkl.precision import RecipeLinear, linear_weight_and_input, quantizes
 
 
-class Linear(nn.Module):
+class Linear(RecipeLinear):
     """y = x W^T + b through `zkl.ops.linear`; the precision recipe may quantize W and x.
 
     `out_features` as a dict (part name -> rows) makes a fused projection: projections that
@@ -256,11 +256,8 @@ class Transformer(CausalLM):
     def hidden_states(self, tokens, positions, cache=None, slots=None, logit_index=None):
         """The final norm's output [B, T, hidden] (or [B, hidden] at `logit_index`): what
         `lm_head` reads, so the train path can take the logits a chunk of tokens at a time."""
-        if cache is None and tokens.shape[1] > self.rope.cos.shape[0]:
-            raise ValueError(
-                f"a sequence of {tokens.shape[1]} tokens is longer than "
-                f"model.max_position_embeddings={self.rope.cos.shape[0]}; raise it."
-            )
+        if cache is None:  # the engine checks its requests before the gen path's forwards
+            check_positions(self.cfg, tokens.shape[1], "of a scored sequence")
         x, delta = self.embed_tokens(tokens), None
         for block in self.layers:
             x, delta = block(x, delta, positions, self.rope, cache, slots)

@@ -99,24 +99,34 @@ def keeps_fp32(module_name: str) -> bool:
     )
 
 
-def apply_precision(model: nn.Module, compute_dtype: torch.dtype, linear_quant: str) -> None:
-    """Cast parameters to `compute_dtype` (norms and router stay fp32); install the recipe.
+class RecipeLinear(nn.Module):
+    """A Linear the precision recipe applies to (`zkl.models.transformer.Linear`).
 
-    Every module with a `quantizable` attribute (`zkl.models.transformer.Linear`) gets
-    `module.quantize`: the recipe's fake quantizer when it is quantizable, else None.
+    `quantizable` is False for the embedding, lm_head and router; `quantize` is the fake
+    quantizer `apply_precision` installs (None: the GEMM sees the weight and input as they
+    are); `parts` the rows of each part of a fused projection (empty: one part).
     """
+
+    quantizable: bool = True
+    quantize: Callable[[torch.Tensor], torch.Tensor] | None = None
+    parts: dict[str, int]
+
+
+def apply_precision(model: nn.Module, compute_dtype: torch.dtype, linear_quant: str) -> None:
+    """Cast parameters to `compute_dtype` (norms and router stay fp32); install the recipe:
+    every quantizable `RecipeLinear` gets the recipe's fake quantizer, the others None."""
     quantize = fake_quantizer(linear_quant)
     for name, module in model.named_modules():
         dtype = torch.float32 if keeps_fp32(name) else compute_dtype
         for p in module.parameters(recurse=False):
             p.data = p.data.to(dtype)
-        if hasattr(module, "quantizable"):
+        if isinstance(module, RecipeLinear):
             module.quantize = quantize if module.quantizable else None
 
 
 def quantizes(model: nn.Module) -> bool:
     """Whether the recipe `apply_precision` installed quantizes any of the model's Linears."""
-    return any(getattr(m, "quantize", None) is not None for m in model.modules())
+    return any(isinstance(m, RecipeLinear) and m.quantize is not None for m in model.modules())
 
 
 @contextlib.contextmanager
@@ -155,7 +165,7 @@ def quantize_parts(
 
 
 def linear_weight_and_input(
-    module: nn.Module, x: torch.Tensor
+    module: RecipeLinear, x: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The (weight, input) pair the GEMM sees under the module's recipe.
 
@@ -163,10 +173,10 @@ def linear_weight_and_input(
     the active `weight_cache` if any, else quantized now; a fused weight part by part, see
     `quantize_parts`) and the fake-quantized x.
     """
-    quantize = getattr(module, "quantize", None)
+    quantize = module.quantize
     if quantize is None:
         return module.weight, x
-    parts = list(getattr(module, "parts", {}).values())
+    parts = list(module.parts.values())
     if _weight_cache is None:
         weight = quantize_parts(quantize, module.weight, parts)
     else:

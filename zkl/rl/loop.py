@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from zkl.data.rewards import RewardError
 from zkl.data.tasks import build_task
 from zkl.distributed import launch
 from zkl.errors import NonFinite, RunFault
-from zkl.generation.engine import Completion, EngineStats, Request
+from zkl.generation.engine import EngineStats, Request
 from zkl.generation.sampling import SamplingParams
 from zkl.layouts import build_generator
 from zkl.rl.evaluate import val_due, validate_policy
@@ -32,16 +32,11 @@ from zkl.state import checkpoint, run_lock
 from zkl.state import sharded as sharded_checkpoint
 from zkl.state.resume import prepare as prepare_resume
 from zkl.tracking.run_log import NullLog, RunLog, read_metrics
+from zkl.trainer.build import build_policy
 from zkl.trainer.policy import Policy
 from zkl.trainer.update import UpdateBatch
 
 TIMING_PREFIXES = ("timing/", "perf/")
-
-
-@dataclass
-class Rollout:
-    completions: list[Completion]
-    lp_train: list[torch.Tensor]
 
 
 def sampled_requests(sp, prompts: list[list[int]], seeds: list[int]) -> list[Request]:
@@ -137,7 +132,7 @@ def _run(cfg: ZklConfig, task, run_dir, progress: bool | None, world) -> list[di
     generator = None
     try:
         with invariance.enabled(fixes):
-            policy = Policy(cfg)
+            policy = build_policy(cfg)
             checkpoint.restore(resume, policy)
             generator = build_generator(cfg, policy, task.tokenizer.eos_id, run_dir)
             generator.refit(policy.refit_state(), policy.version)

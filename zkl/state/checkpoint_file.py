@@ -14,7 +14,6 @@ one sentence (exit 1); the previous checkpoint and every logged step stay as the
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
 import os
 import re
@@ -73,8 +72,8 @@ def _feed(h: Any, value: Any) -> None:
     if isinstance(value, torch.Tensor):
         t = value.detach().cpu().contiguous()
         h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-        if t.numel():  # the tensor's own bytes, no copy (torch has no buffer protocol)
-            h.update((ctypes.c_ubyte * t.nbytes).from_address(t.data_ptr()))
+        if t.numel():  # the tensor's own bytes, no copy: a uint8 view, as numpy's buffer
+            h.update(t.reshape(-1).view(torch.uint8).numpy())
     elif isinstance(value, dict):
         h.update(b"D%d" % len(value))
         for key, item in value.items():

@@ -4,7 +4,6 @@ without trusting them (torn, blank, repeated or later lines dropped), or the res
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from pathlib import Path
 
 from zkl.errors import ConfigError
 from zkl.state.checkpoint_file import CHECKPOINT_FILE
+from zkl.tracking.jsonl import Line, read_jsonl
 from zkl.tracking.run_log import METRICS_FILE, TOKENS_FILE
 
 
@@ -37,12 +37,8 @@ class LogScan:
         print(f"zkl: {self.path}: dropped {', '.join(self.notes)}", file=sys.stderr)
 
 
-def _step_of(line: str) -> int | None:
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return None
-    step = record.get("step") if isinstance(record, dict) else None
+def _step_of(line: Line) -> int | None:
+    step = line.record.get("step") if line.is_object else None
     return step if type(step) is int and step >= 0 else None
 
 
@@ -50,35 +46,31 @@ def scan_jsonl(path: Path, next_step: int, one_per_step: bool) -> LogScan:
     """Read `path` without trusting it: blank, torn, non-JSON and step-less lines are dropped,
     so are exact repeats and steps from `next_step` on. Two different rows for one step of a
     one-row-per-step log (two writers) are a ConfigError: which one is true is unknown."""
-    text = path.read_bytes().decode("utf-8", "replace") if path.is_file() else ""
-    lines = text.split("\n")
-    torn = lines.pop()  # "" when the file ends with a newline
+    read = read_jsonl(path)
     kept: list[tuple[int, str]] = []
     seen: dict[int, tuple[int, str]] = {}
     lines_seen: set[str] = set()
-    blank = repeats = later = 0
+    repeats = later = 0
     damaged: list[int] = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            blank += 1
-            continue
+    for line in read.lines:
         step = _step_of(line)
         if step is None:
-            damaged.append(number)
+            damaged.append(line.number)
         elif step >= next_step:
             later += 1
-        elif line in lines_seen:
+        elif line.text in lines_seen:
             repeats += 1
         elif one_per_step and step in seen:
             raise ConfigError(
                 f"{path} holds two different rows for step {step} (lines {seen[step][0]} and "
-                f"{number}), as when two runs wrote one directory; start afresh in another "
+                f"{line.number}), as when two runs wrote one directory; start afresh in another "
                 "hydra.run.dir."
             )
         else:
-            lines_seen.add(line)
-            seen[step] = (number, line)
-            kept.append((step, line + "\n"))
+            lines_seen.add(line.text)
+            seen[step] = (line.number, line.text)
+            kept.append((step, line.text + "\n"))
+    blank = read.blank
     counts = [
         (blank, "blank line"),
         (repeats, "repeated row"),
@@ -87,7 +79,7 @@ def scan_jsonl(path: Path, next_step: int, one_per_step: bool) -> LogScan:
     notes = [f"{n} {what}{'s' if n > 1 else ''}" for n, what in counts if n]
     if damaged:
         notes.append(f"line{'s' if len(damaged) > 1 else ''} {_numbers(damaged)} (not a row)")
-    if torn:
+    if read.torn is not None:  # dropped even when whole: the next writer would append to it
         notes.append("a torn last line")
     return LogScan(path, kept, bool(notes), notes, damaged)
 

@@ -1,4 +1,5 @@
-"""Sharded checkpoints: each rank writes its own shards with torch.distributed.checkpoint.
+"""Sharded checkpoints: each rank writes its own shards with torch.distributed.checkpoint
+(the sharded policy's whole state dict: weights, AdamW state and the weight version).
 
 `checkpoint.pt` stays the one file that says where a run stands (step, W&B id, config,
 every rank's RNG state, requeue flag), written by rank 0 after every rank's shards are on
@@ -119,7 +120,7 @@ def restore(start: resume.Resume, policy, run_dir: str | Path) -> None:
             f"{damaged[0]}'s are missing or damaged); delete {CHECKPOINT_FILE} to "
             "rerun from step 0 with resume=true, or start afresh in another hydra.run.dir."
         )
-    policy.load_state_dict({**target, "version": state["version"]})
+    policy.load_state_dict(target)
     rng = state["rng"][world.rank]
     torch.set_rng_state(rng["torch"])
     random.setstate(rng["python"])

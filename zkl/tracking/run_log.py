@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from zkl import invariance
 from zkl.errors import ConfigError, RunFault
 from zkl.tracking import wandb_run
+from zkl.tracking.jsonl import NOT_JSON, read_jsonl
 
 METRICS_FILE = "metrics.jsonl"
 TOKENS_FILE = "tokens.jsonl"
@@ -205,17 +206,17 @@ class NullLog:
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     """Every step's row; a torn last line (a writer killed mid-line) is skipped with a warning."""
     path = Path(run_dir) / METRICS_FILE
-    lines = path.read_text().split("\n")
-    rows = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number < len(lines):
-                raise ValueError(f"{path} line {number} is not JSON.") from None
-            warnings.warn(
-                f"{path}: skipped a torn last line ({len(line)} characters)", stacklevel=2
-            )
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist.")
+    read = read_jsonl(path)
+    for line in read.lines:
+        if line.record is NOT_JSON:
+            raise ValueError(f"{path} line {line.number} is not JSON.")
+    rows = [line.record for line in read.lines]
+    if read.torn is not None and read.torn.record is not NOT_JSON:
+        rows.append(read.torn.record)  # complete, only its newline missing
+    elif read.torn is not None:
+        warnings.warn(
+            f"{path}: skipped a torn last line ({len(read.torn.text)} characters)", stacklevel=2
+        )
     return rows

@@ -1,4 +1,9 @@
-"""The trainer's side: the policy model, fp32 master weights, AdamW, and refit weights."""
+"""The trainer's side: the policy model, its optimizer, and the update loop both modes share.
+
+Two policies fill in what differs (zkl/trainer/build.py picks one): `LocalPolicy`
+(zkl/trainer/local.py), one process that owns the whole model, and `ShardedPolicy`
+(zkl/trainer/sharded.py), FSDP2's shards with the refit weights all-gathered.
+"""
 
 from __future__ import annotations
 
@@ -7,30 +12,27 @@ from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from zkl import distributed
 from zkl.backends import build_backend_model
 from zkl.checkpoint_check import warn_random_weights
 from zkl.device import resolve_device
-from zkl.distributed import fsdp
 from zkl.precision import DTYPES
 from zkl.trainer.loss import clipped_pg_loss
 from zkl.trainer.scoring import score, sequence_logprobs
 from zkl.trainer.update import UpdateBatch, minibatch, minibatch_edges, update_stats
-from zkl.trainer.weights import GatheredWeights, weight_digests
+from zkl.trainer.weights import weight_digests
 
 
 class Policy:
     """The model the trainer's forward uses, and the optimizer that updates it.
 
-    With `master_weights_fp32` and a bf16 model, AdamW steps an fp32 copy of every
-    parameter and the model's bf16 parameters are overwritten in place from it.
-
-    Sharded (`trainer.world_size` > 1 or `trainer.fsdp`, zkl/distributed/fsdp.py), the
-    model's parameters are FSDP2's fp32 shards themselves (the masters); each rank scores
-    and updates its share of every minibatch, and the refit weights are all-gathered.
+    A subclass sets up `params` (what the backward fills) and `optimizer`, and says how a
+    step, a minibatch share, the refit weights and the state dict look in its mode.
     """
+
+    params: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
 
     def __init__(self, cfg) -> None:
         self.cfg = cfg
@@ -48,96 +50,44 @@ class Policy:
         self.world = distributed.current()
         self.reference = copy.deepcopy(self.model).eval() if cfg.rl.kl_coef > 0 else None
         self.version = 0
-        self.params = [p for p in self.model.parameters()]
-        use_master = cfg.precision.master_weights_fp32 and any(
-            p.dtype != torch.float32 for p in self.params
-        )
-        if self.world.sharded:
-            self._init_sharded(use_master)
-            return
-        self.masters = (
-            [p.detach().float().clone().requires_grad_(True) for p in self.params]
-            if use_master
-            else self.params
-        )
-        self.optimizer = torch.optim.AdamW(
-            self.masters,
-            lr=cfg.rl.lr,
-            betas=tuple(cfg.rl.betas),
-            weight_decay=cfg.rl.weight_decay,
+        self.use_master = cfg.precision.master_weights_fp32 and any(
+            p.dtype != torch.float32 for p in self.model.parameters()
         )
 
-    def _init_sharded(self, use_master: bool) -> None:
+    def _adamw(self, groups: list[dict]) -> torch.optim.AdamW:
         rl = self.cfg.rl
-        self.forward_dtypes = {n: p.dtype for n, p in self.model.named_parameters()}
-        offload = self.cfg.trainer.offload
-        self.replicated = fsdp.shard_model(self.model, use_master, self.device, offload)
-        self.params = self.masters = list(self.model.parameters())
-        is_main = self.world.is_main
-        self.owned_names = [n for n, p in self.model.named_parameters()  # each counted once
-                            if p not in self.replicated or is_main]  # fmt: skip
-        groups = [
-            [p for p in self.params if p not in self.replicated],
-            [p for p in self.params if p in self.replicated],
-        ]  # two groups: AdamW's foreach path cannot mix DTensor shards with plain tensors
-        self.optimizer = torch.optim.AdamW(
-            [{"params": g} for g in groups if g],
-            lr=rl.lr,
-            betas=tuple(rl.betas),
-            weight_decay=rl.weight_decay,
+        return torch.optim.AdamW(
+            groups, lr=rl.lr, betas=tuple(rl.betas), weight_decay=rl.weight_decay
         )
 
+    # -- what each mode says ------------------------------------------------------------
     def state_dict(self) -> dict:
-        """What a bitwise resume needs: weights, fp32 masters, AdamW state and weight version.
-
-        Sharded: this rank's shards, as torch.distributed.checkpoint saves them.
-        """
-        if self.world.sharded:
-            model, optimizer = get_state_dict(self.model, self.optimizer)
-            return {"model": model, "optimizer": optimizer}
-        separate = self.masters is not self.params
-        return {
-            "model": self.model.state_dict(),
-            "masters": [m.detach() for m in self.masters] if separate else None,
-            "optimizer": self.optimizer.state_dict(),
-            "version": self.version,
-        }
+        """What a bitwise resume needs: weights, fp32 masters, AdamW state, weight version."""
+        raise NotImplementedError
 
     def load_state_dict(self, state: dict) -> None:
         """Restore `state_dict()` in place (the generator's shared model sees the weights)."""
-        if self.world.sharded:
-            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                           optim_state_dict=state["optimizer"])  # fmt: skip
-            self.version = state["version"]
-            return
-        self.model.load_state_dict(state["model"], strict=True)
-        if state["masters"] is not None:
-            with torch.no_grad():
-                for m, saved in zip(self.masters, state["masters"], strict=True):
-                    m.copy_(saved)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.version = state["version"]
+        raise NotImplementedError
 
-    # -- the weights ----------------------------------------------------------------------
     def refit_state(self) -> Mapping[str, torch.Tensor]:
-        """Exactly the tensors the trainer's forward uses (shared storage, no copy).
-
-        Sharded: the whole tensors, each shard cast to the forward's dtype and all-gathered
-        (the bits FSDP's own all-gather gives the forward); a collective of every rank.
-        """
-        if self.world.sharded:
-            named = dict(self.model.named_parameters())
-            return GatheredWeights(named, self.forward_dtypes, self.device, fsdp.full)
-        return self._forward_shards()
+        """Exactly the tensors the trainer's forward uses, whole, as a refit sends them."""
+        raise NotImplementedError
 
     def _forward_shards(self) -> dict[str, torch.Tensor]:
-        """This rank's part of the forward's weights (all of them when not sharded), on the
-        compute device (host-offloaded shards are copied over, beside the replicated ones)."""
-        named = self.model.named_parameters()
-        if not self.world.sharded:
-            return {name: p.detach() for name, p in named}
-        return {n: fsdp.local(p.detach()).to(self.device, self.forward_dtypes[n]) for n, p in named}
+        """This rank's part of the forward's weights, on the compute device."""
+        raise NotImplementedError
 
+    def _share(self, batch: UpdateBatch, lo: int, hi: int) -> tuple[int, int, int | None]:
+        """The rows of minibatch lo..hi this rank learns from, and the token count its loss
+        is divided by (None: its own)."""
+        raise NotImplementedError
+
+    def _step(self, update_sq: torch.Tensor) -> tuple[float, torch.Tensor]:
+        """Clip the gradient and step the optimizer; the gradient norm and `update_sq` plus
+        this step's squared change of the forward's weights."""
+        raise NotImplementedError
+
+    # -- shared ---------------------------------------------------------------------------
     def _changed_tensors(self, before: torch.Tensor) -> int:
         """How many of the refit's tensors changed since `before`, their `weight_digests`."""
         changed = (weight_digests(self._forward_shards()) != before).any(-1).double()
@@ -146,7 +96,6 @@ class Policy:
             dist.all_reduce(changed, op=dist.ReduceOp.MAX)
         return int(changed.sum())
 
-    # -- the train path -------------------------------------------------------------------
     def score(
         self, prompts: list[list[int]], responses: list[list[int]], temperatures: list[float]
     ) -> list[torch.Tensor]:
@@ -162,12 +111,9 @@ class Policy:
 
         Returns the statistics (`update_stats`), the new `weights/version` and
         `weights/changed_tensors`: how many of the tensors a refit sends changed bits.
-        Sharded, each rank steps on its share of every minibatch (`_step_sharded`).
         """
-        step = self._step_sharded if self.world.sharded else self._step
         before = weight_digests(self._forward_shards())
-        zero = torch.zeros((), dtype=torch.float64, device=self.device)  # accumulated on device
-        update_sq: torch.Tensor | float = 0.0 if self.world.sharded else zero
+        update_sq = torch.zeros((), dtype=torch.float64, device=self.device)  # on the device
         losses: list[list[float]] = []
         grad_norms: list[float] = []
         for lo, hi in minibatch_edges(len(batch.prompts), self.cfg.rl.num_minibatches):
@@ -176,7 +122,7 @@ class Policy:
             for p in self.params:
                 p.grad = None
             loss.backward()
-            grad_norm, update_sq = step(update_sq)
+            grad_norm, update_sq = self._step(update_sq)
             losses.append([loss.item(), loss_stats["loss/clip_frac"],
                            loss_stats["loss/ratio_mean"]])  # fmt: skip
             grad_norms.append(grad_norm)
@@ -189,17 +135,9 @@ class Policy:
         return stats
 
     def _loss(self, batch: UpdateBatch, lo: int, hi: int):
-        """The clipped PG loss of minibatch lo..hi (this rank's share of it) and its stats.
-
-        Sharded, a share's loss is its tokens' sum over the whole minibatch's token count, so
-        the ranks' gradients, summed by FSDP's reduce-scatter, are the minibatch's gradient.
-        """
-        world, rl = self.world, self.cfg.rl
-        num_tokens = None
-        if world.sharded:
-            num_tokens = sum(len(r) for r in batch.responses[lo:hi])
-            a, b = distributed.bounds(hi - lo, world.rank, world.size)
-            lo, hi = lo + a, lo + b
+        """The clipped PG loss of this rank's share of minibatch lo..hi, and its stats."""
+        rl = self.cfg.rl
+        lo, hi, num_tokens = self._share(batch, lo, hi)
         tokens, mask, old, temps, advantages = minibatch(batch, lo, hi, self.device)
         logprobs = sequence_logprobs(self.model, tokens, temps)
         ref = None
@@ -209,60 +147,3 @@ class Policy:
         return clipped_pg_loss(
             logprobs, old, advantages, mask, rl.clip_eps, ref, rl.kl_coef, num_tokens
         )
-
-    def _step(self, update_sq: torch.Tensor) -> tuple[float, torch.Tensor]:
-        """Clip the gradient, step AdamW (on the fp32 masters, copied into the model); the
-        gradient norm and `update_sq` plus this step's squared change of the model's weights."""
-        if self.masters is not self.params:
-            for m, p in zip(self.masters, self.params):
-                m.grad = None if p.grad is None else p.grad.float()
-                p.grad = None  # one copy of the gradients at a time
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.masters, self.cfg.rl.grad_clip)
-        with torch.no_grad():
-            if self.masters is self.params:
-                before = [p.detach().clone() for p in self.params]
-                self.optimizer.step()
-                for p, b in zip(self.params, before):
-                    update_sq += (p.float() - b.float()).square().sum(dtype=torch.float64)
-            else:
-                self.optimizer.step()
-                for m, p in zip(self.masters, self.params):
-                    new = m.detach().to(p.dtype)
-                    update_sq += (new.float() - p.float()).square().sum(dtype=torch.float64)
-                    p.copy_(new)
-        return grad_norm.item(), update_sq
-
-    def _step_sharded(self, update_sq: float) -> tuple[float, float]:
-        """`_step` on FSDP2's fp32 shards (the masters): the replicated parameters' gradients
-        summed over the ranks, the norm and the weight change summed over every rank's own
-        part of the weights (this rank's; the ranks' sums are added by `update`)."""
-        world = self.world
-        replicated = [p for p in self.params if p in self.replicated]
-        fsdp.sum_replicated_grads(replicated)
-        grads = [p.grad for p in self.params if p.grad is not None]
-        owned = (p for p in self.params if p not in self.replicated or world.is_main)
-        own = [fsdp.local(p.grad).float().square().sum(dtype=torch.float64)
-               for p in owned if p.grad is not None]  # fmt: skip
-        (grad_sq,) = world.sum([host_sum(own)])
-        grad_norm = grad_sq**0.5
-        coef = min(self.cfg.rl.grad_clip / (grad_norm + 1e-6), 1.0)
-        with torch.no_grad():
-            if coef < 1.0:
-                for g in grads:
-                    fsdp.local(g).mul_(coef)
-            before = self._forward_shards()
-            self.optimizer.step()
-            after = self._forward_shards()
-            moved = [(after[n].double() - before[n].double()).square().sum()
-                     for n in self.owned_names]  # fmt: skip
-            update_sq += host_sum(moved)
-        return grad_norm, update_sq
-
-
-def host_sum(parts: list[torch.Tensor]) -> float:
-    """The sum of fp64 scalars as one Python float, one read per device: with host offload
-    the sharded parts live on the CPU and the replicated ones on the GPU."""
-    by_device: dict[torch.device, list[torch.Tensor]] = {}
-    for part in parts:
-        by_device.setdefault(part.device, []).append(part)
-    return sum((float(torch.stack(group).sum()) for group in by_device.values()), 0.0)

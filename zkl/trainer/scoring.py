@@ -7,6 +7,7 @@ from torch.utils.checkpoint import checkpoint
 
 from zkl import ops
 from zkl.memory import LOGIT_TOKENS
+from zkl.models.causal_lm import CausalLM
 
 
 def pad_sequences(
@@ -30,7 +31,7 @@ def _chunk_logprobs(lm_head, hidden, targets, temperature) -> torch.Tensor:
 
 
 def sequence_logprobs(
-    model: torch.nn.Module, tokens: torch.Tensor, temperature: float | torch.Tensor = 1.0
+    model: CausalLM, tokens: torch.Tensor, temperature: float | torch.Tensor = 1.0
 ) -> torch.Tensor:
     """fp32 logprob [B, T-1] of tokens[:, 1:] under the model (differentiable).
 
@@ -44,7 +45,7 @@ def sequence_logprobs(
     if isinstance(temperature, torch.Tensor):
         temperature = temperature.reshape(-1, 1, 1)
     targets = tokens[:, 1:]
-    if not hasattr(model, "hidden_states"):  # megatron's GPTModel: its own logits
+    if not model.chunked_head:  # megatron's GPTModel: its own logits
         return ops.token_logprobs(model(tokens, positions)[:, :-1], targets, temperature)
     hidden = model.hidden_states(tokens, positions)[:, :-1]  # [B, T-1, hidden]
     width = max(1, LOGIT_TOKENS // tokens.shape[0])
@@ -61,7 +62,7 @@ def sequence_logprobs(
 
 @torch.no_grad()
 def score(
-    model: torch.nn.Module,
+    model: CausalLM,
     prompts: list[list[int]],
     responses: list[list[int]],
     temperatures: list[float] | None = None,

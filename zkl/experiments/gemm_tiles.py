@@ -1,13 +1,12 @@
-"""Issue 11 exploration on the H200: which GEMM kernel forms and tiles are fast, and which give
-the fixed tile's bits. Writes one JSON line per (shape, variant) to argv[1].
+"""Which GEMM kernel forms and tiles are fast on a GPU, and which give the fixed tile's bits.
+
+    python -m zkl.experiments.gemm_tiles OUT.jsonl   (one JSON line per (shape, variant))
 
 Variants: `ptr` (zkl's kernel, pointer loads) over many tiles; `tma` (TMA descriptor loads,
 one tile per program); `tma_persist` (TMA, persistent over tiles); `splitk<S>` (K cut in S
 fixed parts, summed in order: other bits, timed to know the price). Every time is 10 calls
 replayed from one CUDA graph (`zkl.experiments.timing.graph_time`), so small decode GEMMs are not
-launch-bound. The 2026-12-03 data (docs/benchmarks.md) came from this script's first form,
-which had its own copies of the TMA kernels and timed the mean of 3 replays; the kernels
-and tiles are the same.
+launch-bound. What it found chose `zkl.ops.triton.gemm.config_for`'s tiles (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -30,7 +29,9 @@ from zkl.ops.triton.gemm import (
     tma_tile,
 )
 
-SMS = torch.cuda.get_device_properties(0).multi_processor_count
+
+def _sms() -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -107,7 +108,7 @@ def tma(x, w, cfg, persist=False, ws=False):
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     launch = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=GROUP_M, num_warps=warps)
     if ws:
-        _tma_ws_kernel[(min(SMS, tiles),)](
+        _tma_ws_kernel[(min(_sms(), tiles),)](
             *descs,
             m,
             n,
@@ -116,19 +117,19 @@ def tma(x, w, cfg, persist=False, ws=False):
             BN=bn,
             BK=bk,
             GROUP=GROUP_M,
-            NUM_SMS=SMS,
+            NUM_SMS=_sms(),
             num_warps=warps,
             num_stages=stages,
         )
     else:
-        gemm_tma_kernel[(min(SMS, tiles) if persist else tiles,)](
+        gemm_tma_kernel[(min(_sms(), tiles) if persist else tiles,)](
             *descs,
             x,
             m,
             n,
             k,
             HAS_BIAS=False,
-            NUM_SMS=SMS,
+            NUM_SMS=_sms(),
             PERSISTENT=persist,
             num_stages=stages,
             **launch,

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# Issue 22 on the H200: a transformers-written checkpoint of the Qwen2.5-1.5B shape (random
+# A dataset run on one GPU: a transformers-written checkpoint of the Qwen2.5-1.5B shape (random
 # weights, written by save_pretrained in shards with an index) and its own BPE tokenizer,
 # a dataset task (tests/data arithmetic word problems, chat template on), 10 GRPO steps on
 # device=cuda, no model group named: every step must be exactly zero and val/accuracy logged.
 # The reward is tests/user_rewards.py's ShapedMathTask (a user task class): 1.0 for the right
 # answer, else a share of ids in a residue class, so a random-weight model's rewards differ
 # inside a group and every step really changes the weights the next rollout uses.
-#   bash scripts/gpu_dataset_run.sh            # logs and the run directory under $OUT
+#   bash scripts/gpu_dataset.sh                # logs and the run directory under $OUT
 # Offline. Wheels it needs beyond torch and transformers (>= 5): hydra-core, omegaconf,
 # submitit, hydra-submitit-launcher, safetensors, tqdm, tokenizers, datasets (with pyarrow,
 # pandas, dill, multiprocess, xxhash, fsspec, huggingface-hub), math-verify (with
 # latex2sympy2_extended, sympy). wandb is not imported (tracking.wandb.mode=disabled).
 # The CPU equivalent (tests/test_dataset_task.py::test_the_gpu_script_on_the_cpu):
-#   SHAPE=tiny DEVICE=cpu STEPS=2 OUT=/tmp/x bash scripts/gpu_dataset_run.sh
+#   SHAPE=tiny DEVICE=cpu STEPS=2 OUT=/tmp/x bash scripts/gpu_dataset.sh
 # EXTRA="key=value ..." appends overrides to the run; SHARD sets the shard size (default 1GB).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,5 +1,8 @@
 """Where an eager (no CUDA graphs) decode step's time goes: cProfile of `generate` for
-qwen2_5_1_5b at 16 slots, 64-96-token prompts, 64 new tokens. argv[1:] are overrides."""
+qwen2_5_1_5b at 16 slots, 64-96-token prompts, 64 new tokens.
+
+    python -m zkl.experiments.profile_eager [OVERRIDE ...]
+"""
 
 from __future__ import annotations
 
@@ -14,12 +17,12 @@ from zkl import invariance
 from zkl.experiments.workload import MODES, bench_requests
 from zkl.generation.engine import GenerationEngine
 from zkl.run.compose import compose
-from zkl.trainer.policy import Policy
+from zkl.trainer.build import build_policy
 
 
 def main(overrides: list[str]) -> None:
     cfg = compose(["device=cuda", "model=qwen2_5_1_5b", "tracking.wandb.mode=disabled", *overrides])
-    model = Policy(cfg).model
+    model = build_policy(cfg).model
     requests = bench_requests(16, cfg.model.vocab_size)
     for mode, fixes in MODES.items():
         with invariance.enabled(fixes):

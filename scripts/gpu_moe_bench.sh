@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Issue 21 on one H200, one call: the CUDA table of the Qwen3-30B-A3B cut (generation zero vs
+# The MoE and hybrid benchmarks on one GPU, one call: the CUDA table of the Qwen3-30B-A3B cut (generation zero vs
 # default with graphs at batch 16/64/256, peak memory, the train step, the roofline over the
 # experts read), then the dense 1.5B's
 # decode step at batch 64 in the same call (the MoE step's yardstick), then the Nemotron cut
 # (one layer of each kind) with graphs on: 10 GRPO steps, and its bench (zero vs default);
 # last, the GPU tests named in TESTS.
-#   OUT=/some/dir bash scripts/gpu_moe.sh   (TESTS_S, BENCH_S, DENSE_S, HYBRID_S bound stages)
+#   OUT=/some/dir bash scripts/gpu_moe_bench.sh   (TESTS_S, BENCH_S, DENSE_S, HYBRID_S bound stages)
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 20 on one H200, one call: the GPU tests, the attention rows against SDPA's flash,
-# and where an eager decode step goes.   OUT=/some/dir STAGES="tests attn eager" bash scripts/gpu_long.sh
+# The GPU tests on one GPU, then (stages attn, eager) the attention rows against SDPA's flash
+# and where an eager decode step goes.   OUT=/some/dir STAGES="tests attn eager" bash scripts/gpu_tests.sh
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 STAGES=${STAGES:-"tests attn eager"}
@@ -20,7 +20,7 @@ r = {**b.forward_rows(), **b.decode_rows()}
 print(format_table(r)); json.dump(r, open('$OUT/attention.json', 'w'), indent=1)
 " > "$OUT/attention.log" 2>&1; echo "attn rc=$?" >> "$OUT/attention.log" ;;
     eager)
-      timeout "${EAGER_S:-120}" python3 scripts/profile_eager.py > "$OUT/eager.log" 2>&1
+      timeout "${EAGER_S:-120}" python3 -m zkl.experiments.profile_eager > "$OUT/eager.log" 2>&1
       echo "eager rc=$?" >> "$OUT/eager.log" ;;
   esac
 done

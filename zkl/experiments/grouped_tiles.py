@@ -1,6 +1,6 @@
-"""The MoE decode step on the H200: where its time goes, and the grouped GEMM's tiles.
+"""The MoE decode step on a GPU: where its time goes, and the grouped GEMM's tiles.
 
-    python scripts/grouped_tiles.py OUT_DIR [OVERRIDE ...]   (default: the Qwen3-30B-A3B cut)
+    python -m zkl.experiments.grouped_tiles OUT_DIR [OVERRIDE ...]  (default: the 30B-A3B cut)
 
 Writes OUT_DIR/profile_moe_b64_{zero,default}.txt (one eager decode step at batch 64) and
 OUT_DIR/grouped_tiles.json: at the cut's expert shapes (fused gate/up and down, the rows of

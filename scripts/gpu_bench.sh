@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 11 on one H200, in one call of at most ~9 minutes: the GPU tests (graphs on), then
-# the CUDA benchmark table (zkl.bench) with a profile of one decode step per mode.
-#   OUT=/some/dir bash scripts/gpu_speed.sh
+# The dense 1.5B's CUDA benchmark on one GPU, in one call of at most ~9 minutes: the GPU tests
+# (graphs on), then the CUDA benchmark table (zkl.bench) with a profile of one decode step per
+# mode.   OUT=/some/dir bash scripts/gpu_bench.sh
 # Everything lands under $OUT: env.txt, pytest_gpu.log, bench.log, bench/bench.json,
 # bench/profile_decode_b64_{zero,default}.txt. Each stage is bounded by `timeout`.
 set -uo pipefail

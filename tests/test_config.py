@@ -17,7 +17,7 @@ from zkl.run.schema import CONF_DIR
 from zkl.run.validate import validate
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = ["tiny_dense", "tiny_moe", "tiny_hybrid"]
+TINY = ["tiny_dense", "tiny_moe", "tiny_hybrid", "tiny_gpt_oss"]
 
 
 def options(group: str) -> list[str]:
@@ -82,6 +82,24 @@ def test_real_shapes_match_public_configs():
         128,
     )
     assert (h.n_routed_experts, h.num_experts_per_tok, h.moe_intermediate_size) == (128, 6, 1856)
+    g = make_cfg("model=gpt_oss_20b").model
+    assert (g.hidden_size, g.num_hidden_layers, g.num_attention_heads, g.head_dim) == (
+        2880,
+        24,
+        64,
+        64,
+    )
+    assert (g.num_key_value_heads, g.num_experts, g.num_experts_per_tok, g.vocab_size) == (
+        8,
+        32,
+        4,
+        201088,
+    )
+    assert (g.moe_intermediate_size, g.sliding_window, g.layer_types[:2]) == (
+        2880,
+        128,
+        ["sliding_attention", "full_attention"],
+    )
 
 
 # one GRPO step for every option of every group (real-shape models validate above: too big to run)

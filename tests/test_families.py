@@ -75,7 +75,14 @@ def test_parameter_count_from_the_meta_model_matches_the_published_one(model, pu
 
 
 def test_parameter_count_is_the_models_own():
-    for name in ("tiny_dense", "tiny_moe", "tiny_hybrid", "tiny_llama", "tiny_mistral"):
+    for name in (
+        "tiny_dense",
+        "tiny_moe",
+        "tiny_hybrid",
+        "tiny_llama",
+        "tiny_mistral",
+        "tiny_gpt_oss",
+    ):
         cfg = make_cfg(f"model={name}").model
         model = build_on_meta(cfg)
         assert param_count(cfg) == sum(p.numel() for p in model.parameters())

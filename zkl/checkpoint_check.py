@@ -53,6 +53,12 @@ ARCH_KEYS = (
     "rope_high_freq_factor",
     "rope_original_max_position_embeddings",
     "sliding_window",
+    "attention_sinks",
+    "layer_types",
+    "yarn_factor",
+    "yarn_original_max_position_embeddings",
+    "swiglu_alpha",
+    "swiglu_limit",
 )
 DTYPES = {
     "F64": torch.float64,

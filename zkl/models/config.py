@@ -86,6 +86,18 @@ class ModelConfig:
     routed_scaling_factor: float = 1.0
     n_group: int = 1
     topk_group: int = 1
+    # gpt-oss (`zkl.models.gpt_oss`): learned attention sinks, layers of HF's `layer_types`
+    # (only sliding_attention layers see the last `sliding_window` keys; empty: every layer
+    # does), YaRN RoPE (yarn_factor 1: no scaling) and the clamped SwiGLU experts.
+    attention_sinks: bool = False
+    layer_types: list[str] = field(default_factory=list)
+    yarn_factor: float = 1.0
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    yarn_original_max_position_embeddings: int = 4096
+    yarn_truncate: bool = False
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
     init_std: float = 0.02
     # Where real weights come from: a directory with config.json + safetensors, or null for
     # seeded random init.
@@ -100,7 +112,10 @@ class ModelConfig:
         return LAYER_KINDS[self.hybrid_override_pattern[layer]]
 
     def layer_window(self, layer: int) -> int:
-        """The attention window of `layer` (0: full attention)."""
+        """The attention window of `layer` (0: full attention); with `layer_types`, only
+        sliding_attention layers have one."""
+        if self.layer_types and self.layer_types[layer] != "sliding_attention":
+            return 0
         return self.sliding_window
 
     def layer_is_moe(self, layer: int) -> bool:

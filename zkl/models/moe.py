@@ -105,3 +105,29 @@ def run_experts(
     parts = [expert(rows[lo:hi]) for expert, lo, hi in groups if hi > lo]
     results = torch.cat(parts) if parts else x.new_zeros(0, x.shape[-1])
     return combine(results, by_expert, top_i, top_w, fixed, expert_order)
+
+
+def top_k_softmax_route(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k: int, fixed: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """gpt-oss's router: logits with a bias, the top k of them, a softmax over those k.
+
+    x [N, H] -> (expert ids [N, k], fp32 weights [N, k]). Fixed (`moe_combine_order`): fp32
+    logits, a stable sort (ties to the lower expert id), an fp32 softmax; default: the
+    activation dtype and `topk`, as an eager engine runs it.
+    """
+    if fixed:
+        logits = ops.linear(x.float(), weight.float(), bias.float())
+        top_v, top_i = logits.sort(dim=-1, descending=True, stable=True)
+        return top_i[:, :top_k], ops.softmax(top_v[:, :top_k])
+    logits = ops.linear(x, weight.to(x.dtype), bias.to(x.dtype))
+    top_v, top_i = logits.topk(top_k, dim=-1)
+    return top_i, torch.softmax(top_v, dim=-1).float()
+
+
+def grouped_bias(
+    biases: torch.Tensor, top_i: torch.Tensor, by_expert: torch.Tensor
+) -> torch.Tensor:
+    """Each grouped pair's expert bias: biases [E, N] -> [N*k, N] in `by_expert` order (a
+    gather on the device, so the layer still reads nothing back to the host)."""
+    return biases[top_i.reshape(-1)[by_expert]]

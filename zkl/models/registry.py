@@ -17,13 +17,14 @@ import torch
 
 from zkl.models.config import ModelConfig, validate_shapes
 from zkl.models.family import Family
+from zkl.models.gpt_oss_family import GPT_OSS
 from zkl.models.llama_family import LLAMA, MISTRAL
 from zkl.models.nemotron_h_family import NEMOTRON_H
 from zkl.models.qwen_family import QWEN2, QWEN3, QWEN3_MOE
 from zkl.models.rope import validate_rope
 
 FAMILIES: dict[str, Family] = {
-    f.name: f for f in (QWEN2, QWEN3, QWEN3_MOE, NEMOTRON_H, LLAMA, MISTRAL)
+    f.name: f for f in (QWEN2, QWEN3, QWEN3_MOE, NEMOTRON_H, LLAMA, MISTRAL, GPT_OSS)
 }
 
 

@@ -111,6 +111,8 @@ class Attention(nn.Module):
         parts = {"q_proj": q_rows, "k_proj": kv_rows, "v_proj": kv_rows}
         self.qkv_proj = Linear(cfg.hidden_size, parts, cfg.qkv_bias)
         self.o_proj = Linear(self.num_heads * self.head_dim, cfg.hidden_size, cfg.o_proj_bias)
+        # gpt-oss: one learned logit a head in the softmax's denominator, with no value
+        self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if cfg.attention_sinks else None
         self.window = cfg.layer_window(layer)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
@@ -140,7 +142,9 @@ class Attention(nn.Module):
             if rope is not None:
                 q, k = ops.rotary(q, k, rope.cos, rope.sin, positions)
             k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, Hkv, T, D]
-        out = ops.attention(q.transpose(1, 2), k, v, positions, kv_rows, window=self.window)
+        out = ops.attention(
+            q.transpose(1, 2), k, v, positions, kv_rows, window=self.window, sinks=self.sinks
+        )  # [B, H, T, D]
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
 

@@ -260,15 +260,17 @@ def attention(
     q_pos: torch.Tensor,
     kv_rows: torch.Tensor | None = None,
     window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention: q [B, H, Tq, D], k/v [R, Hkv, Tk, D] (key j at position j).
 
     q_pos [B, Tq] are the queries' absolute positions; batch row b reads the keys of row
     `kv_rows[b]` (the KV-cache slot; default b); `window` W > 0 (sliding window): a query at
-    p sees only the keys p-W+1..p. An option of the attention is a keyword that every one of
-    its four forms takes.
+    p sees only the keys p-W+1..p; `sinks` [H] (gpt-oss): one more logit per head in the
+    softmax's denominator, with no value. An option of the attention is a keyword that every
+    one of its four forms takes.
     """
-    return dispatch("attention", q.is_cuda)(q, k, v, q_pos, kv_rows, window=window)
+    return dispatch("attention", q.is_cuda)(q, k, v, q_pos, kv_rows, window=window, sinks=sinks)
 
 
 def token_logprobs(

@@ -143,9 +143,11 @@ def attention(
     q_pos: torch.Tensor,
     kv_rows: torch.Tensor | None = None,
     window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """SDPA: `is_causal` when queries are the keys (scoring, whole prefill), else a mask;
-    `window` W > 0 keeps the keys p-W+1..p of a query at p.
+    `window` W > 0 keeps the keys p-W+1..p of a query at p. With `sinks` (SDPA has none)
+    the eager form: the sink as one more softmax column.
 
     Under `static_shapes` (a CUDA graph's step, its warm-up included) nothing may be read
     back to the host: the mask then spans the whole cache instead of the keys up to the
@@ -153,6 +155,8 @@ def attention(
     """
     if kv_rows is not None:
         k, v = k[kv_rows], v[kv_rows]
+    if sinks is not None:
+        return attention_with_sinks(q, k, v, q_pos, sinks, window)
     enable_gqa = q.shape[1] != k.shape[1]
     if not shapes_are_static(q.device):
         num_q = q.shape[2]
@@ -168,3 +172,28 @@ def attention(
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask.unsqueeze(1), enable_gqa=enable_gqa
     )
+
+
+def attention_with_sinks(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    sinks: torch.Tensor,
+    window: int = 0,
+) -> torch.Tensor:
+    """Causal attention whose softmax has one more logit per head, `sinks` [H], with no value
+    (gpt-oss), in the activation dtype as an eager engine computes it; `window` as
+    `attention`'s. Keys are the whole buffer, masked: nothing is read back to the host."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(q, k.transpose(2, 3)) * q.shape[-1] ** -0.5  # [B, H, Tq, Tk]
+    keys = torch.arange(k.shape[2], device=q.device)
+    visible = keys <= q_pos.unsqueeze(-1)  # [B, Tq, Tk]
+    if window:
+        visible &= keys > q_pos.unsqueeze(-1) - window
+    scores = scores.masked_fill(~visible.unsqueeze(1), float("-inf"))
+    sink = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:3], 1)
+    probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    return torch.matmul(probs.to(v.dtype), v)

@@ -91,6 +91,7 @@ def attention(
     q_pos: torch.Tensor,
     kv_rows: torch.Tensor | None = None,
     window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention, one kernel for prefill, decode and scoring.
 
@@ -100,6 +101,8 @@ def attention(
     Keys are visited in blocks of 16 from position 0 with an fp32 online softmax; a block
     with no visible key leaves the state untouched, so the number of blocks a batch needs
     never changes a row's result (and blocks before every query's window are skipped).
+    `sinks` [H] (gpt-oss) are one more logit per head with no value, folded into the state
+    once, after the last block (`fold_sink`).
     """
     if kv_rows is not None:
         k, v = k[kv_rows], v[kv_rows]
@@ -142,4 +145,17 @@ def attention(
         denom = torch.where(any_visible, denom * alpha + ordered_sum(p), denom)
         acc = torch.where(any_visible.unsqueeze(-1), acc * alpha.unsqueeze(-1) + pv, acc)
         m = torch.where(any_visible, m_new, m)
+    if sinks is not None:
+        m, denom, acc = fold_sink(m, denom, acc, sinks.float().view(1, -1, 1))
     return (acc / denom.unsqueeze(-1)).to(q.dtype)
+
+
+def fold_sink(
+    m: torch.Tensor, denom: torch.Tensor, acc: torch.Tensor, sink: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An online-softmax state (max m, sum denom [B, H, Tq], output acc [..., D]) with one more
+    logit `sink` whose value is zero: it takes probability mass and adds nothing. A query that
+    saw no key gets sum 1 and output 0."""
+    m_new = torch.maximum(m, sink)
+    scale = torch.exp(m - m_new)
+    return m_new, denom * scale + torch.exp(sink - m_new), acc * scale.unsqueeze(-1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from zkl.ops.fast import attention_with_sinks
 from zkl.ops.triton.attention_default import (
     DEFAULT_TILE,
     attention_default,
@@ -49,21 +50,28 @@ __all__ = [
 
 
 class _Attention(torch.autograd.Function):
-    """The invariant forward; the backward recomputes with PyTorch's causal flash kernel."""
+    """The invariant forward; the backward recomputes with PyTorch's causal flash kernel
+    (with sinks, which flash lacks: the eager form in fp32, the sinks getting their gradient)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, q_pos, window):
-        ctx.save_for_backward(q, k, v)
+    def forward(ctx, q, k, v, q_pos, window, sinks):
+        ctx.save_for_backward(q, k, v, q_pos, sinks)
         ctx.window = window
         tile = prefill_tile(q.shape[-1], q.dtype, q.device)
-        return prefill(q, k, v, q_pos, tile=tile, window=window)
+        return prefill(q, k, v, q_pos, tile=tile, window=window, sinks=sinks)
 
     @staticmethod
     def backward(ctx, grad):
-        q, k, v = ctx.saved_tensors
+        q, k, v, q_pos, sinks = ctx.saved_tensors
         groups = q.shape[1] // k.shape[1]
         with torch.enable_grad():
             qd, kd, vd = (t.detach().requires_grad_() for t in (q, k, v))
+            if sinks is not None:
+                sd = sinks.detach().requires_grad_()
+                parts = (t.float() for t in (qd, kd, vd))
+                out = attention_with_sinks(*parts, q_pos, sd.float(), ctx.window)
+                dq, dk, dv, ds = torch.autograd.grad(out, (qd, kd, vd, sd), grad.float())
+                return dq, dk, dv, None, None, ds
             # whole heads: flash's GQA support varies by version; the repeat's grad sums back
             kf = kd.repeat_interleave(groups, dim=1) if groups > 1 else kd
             vf = vd.repeat_interleave(groups, dim=1) if groups > 1 else vd
@@ -72,7 +80,7 @@ class _Attention(torch.autograd.Function):
                 out = F.scaled_dot_product_attention(qd, kf, vf, attn_mask=mask)
             else:
                 out = F.scaled_dot_product_attention(qd, kf, vf, is_causal=True)
-            return (*torch.autograd.grad(out, (qd, kd, vd), grad), None, None)
+            return (*torch.autograd.grad(out, (qd, kd, vd), grad), None, None, None)
 
 
 def attention(
@@ -82,20 +90,23 @@ def attention(
     q_pos: torch.Tensor,
     kv_rows: torch.Tensor | None = None,
     window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [B, H, Tq, D]; k, v [R, Hkv, Tk, D] (key j at position j); q_pos [B, Tq].
+    """q [B, H, Tq, D]; k, v [R, Hkv, Tk, D] (key j at position j); q_pos [B, Tq]; sinks [H].
 
     Batch row b reads keys of row `kv_rows[b]` (default b); `window` W > 0 lets a query at p
     see only the keys p-W+1..p. With gradients (the train path, whose positions are 0..T-1
     and whose keys are its own queries) the backward is PyTorch's SDPA.
     """
-    if kv_rows is None and torch.is_grad_enabled() and q.requires_grad:
+    wants_grad = q.requires_grad or (sinks is not None and sinks.requires_grad)
+    if kv_rows is None and torch.is_grad_enabled() and wants_grad:
         if q.shape[2] != k.shape[2]:
             raise ValueError("the train path's attention needs its own tokens as keys")
         # contiguous: the backward's flash kernel is slow on the projections' strided views
-        return _Attention.apply(q.contiguous(), k.contiguous(), v.contiguous(), q_pos, window)
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        return _Attention.apply(q, k, v, q_pos, window, sinks)
     choice = choose(q.shape[-1], q.dtype, q.device)
+    extra = {"window": window, "sinks": sinks}
     if q.shape[2] == 1 and q.shape[1] // k.shape[1] <= REF_M:
-        rows = choice.decode_rows
-        return decode(q, k, v, q_pos, kv_rows, rows_per_program=rows, window=window)
-    return prefill(q, k, v, q_pos, kv_rows, tile=choice.prefill, window=window)
+        return decode(q, k, v, q_pos, kv_rows, rows_per_program=choice.decode_rows, **extra)
+    return prefill(q, k, v, q_pos, kv_rows, tile=choice.prefill, **extra)

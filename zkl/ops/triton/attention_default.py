@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
+from zkl.ops.fast import attention_with_sinks
 from zkl.ops.triton.attention_kernels import KEY_BLOCK, REF_M, Tile, decode, prefill
 from zkl.ops.triton.gemm import sm_count
 
@@ -40,11 +41,15 @@ def attention_default(
     q_pos: torch.Tensor,
     kv_rows: torch.Tensor | None = None,
     window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """What a fast engine runs on CUDA, mismatch and all: PyTorch's SDPA where the queries are
-    the keys (scoring, the train forward; flash without a window), flash-decoding with a
-    batch-dependent split for decode, and one unmerged pass over the cache for prefill."""
+    the keys (scoring, the train forward; flash without a window; with sinks, which SDPA
+    lacks, the eager form), flash-decoding with a batch-dependent split for decode, and one
+    unmerged pass over the cache for prefill."""
     if kv_rows is None and q.shape[2] == k.shape[2] > 1 and _from_zero(q_pos):
+        if sinks is not None:
+            return attention_with_sinks(q, k, v, q_pos, sinks, window)
         groups = q.shape[1] // k.shape[1]
         if groups > 1:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
@@ -56,6 +61,8 @@ def attention_default(
         chunk = default_chunk(q.shape[0], k.shape[1], k.shape[2], sm_count(q.device))
         return decode(
             q, k, v, q_pos, kv_rows, chunk=chunk, rows_per_program=REF_M, fp_fusion=True,
-            window=window,
+            window=window, sinks=sinks,
         )  # fmt: skip
-    return prefill(q, k, v, q_pos, kv_rows, tile=DEFAULT_TILE, chunk=1 << 30, window=window)
+    return prefill(
+        q, k, v, q_pos, kv_rows, tile=DEFAULT_TILE, chunk=1 << 30, window=window, sinks=sinks
+    )

@@ -22,7 +22,9 @@ and a chunk with none is not merged (`_sees_chunk`). A sliding window (`window` 
 query at p sees the keys p-W+1..p) changes only which keys are visible: chunks are still
 counted from position 0 and merged in order, so the window's edge falls inside a chunk the
 same way on every path; chunks before the window of every query of a program are skipped,
-which leaves the same bits as visiting them.
+which leaves the same bits as visiting them. Attention sinks (gpt-oss: one logit a head with
+no value) are folded into the merged state once, after the last chunk, by one rule
+(`_fold_sink`) in both the prefill and the combine kernel.
 The zero-mode entry point with its backward is `attention.py`; the default path's policy
 `attention_default.py`.
 """
@@ -134,6 +136,15 @@ def _merge(big_m, big_l, big_o, m, s, o, take):
 
 
 @triton.jit
+def _fold_sink(big_m, big_l, big_o, sink):
+    """The sink logit (log2 units, one a row) into the merged state: it adds to the sum and
+    nothing to the output. The last step before the division, on every path."""
+    m_new = tl.maximum(big_m, sink)
+    a = tl.exp2(big_m - m_new)
+    return tl.fma(big_l, a, tl.exp2(sink - m_new)), big_o * a[:, None]
+
+
+@triton.jit
 def _empty_state(BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """An online softmax before its first key: max -inf, sum 0, output 0."""
     return (
@@ -172,6 +183,7 @@ def _prefill_kernel(
     v_ptr,
     pos_ptr,
     rows_ptr,
+    sinks_ptr,
     out_ptr,
     s_qb,
     s_qh,
@@ -195,6 +207,7 @@ def _prefill_kernel(
     window,
     qk_scale,
     HAS_ROWS: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
     PRECISION: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -251,6 +264,9 @@ def _prefill_kernel(
                 take = _sees_chunk((start // CHUNK_KEYS) * CHUNK_KEYS, pos, w_lo, CHUNK_KEYS)
                 big_m, big_l, big_o = _merge(big_m, big_l, big_o, m_i, l_i, acc, take)
                 m_i, l_i, acc = _empty_state(BLOCK_M, BLOCK_D)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + h + tl.zeros((BLOCK_M,), tl.int32))
+        big_l, big_o = _fold_sink(big_m, big_l, big_o, sink)
     out = big_o / tl.where(big_l > 0, big_l, 1.0)[:, None]  # padding queries see no key
     tl.store(
         out_ptr + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :],
@@ -347,6 +363,7 @@ def _combine_kernel(
     part_l_ptr,
     part_o_ptr,
     pos_ptr,
+    sinks_ptr,
     out_ptr,
     s_pb,
     s_ob,
@@ -356,6 +373,7 @@ def _combine_kernel(
     groups,
     max_chunks,
     window,
+    HAS_SINKS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -386,6 +404,9 @@ def _combine_kernel(
             other=0.0,
         )
         big_m, big_l, big_o = _merge(big_m, big_l, big_o, m, l_c, o, take)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + heads, mask=valid_m, other=0.0)
+        big_l, big_o = _fold_sink(big_m, big_l, big_o, sink)
     out = big_o / tl.where(big_l > 0, big_l, 1.0)[:, None]
     tl.store(
         out_ptr + b * s_ob + heads[:, None] * s_oh + offs_d[None, :],
@@ -412,6 +433,14 @@ def _check(q, k, v) -> None:
         raise ValueError("attention needs a unit stride on the head dim")
 
 
+def _sinks_log2(sinks: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """The sinks [H] in the kernels' log2 units (fp32), one multiply shared by every path;
+    a dummy pointer when there are none."""
+    if sinks is None:
+        return like
+    return (sinks.detach().float() * LOG2E).contiguous()
+
+
 def prefill(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -421,6 +450,7 @@ def prefill(
     tile: Tile = REFERENCE,
     chunk: int = CHUNK,
     window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Many queries a row (scoring, prefill): query tiles over their chunks, merged in order.
 
@@ -436,7 +466,7 @@ def prefill(
     rows = positions if kv_rows is None else kv_rows.contiguous()
     num_m_blocks = triton.cdiv(num_q, tile.rows)
     _prefill_kernel[(num_m_blocks, batch * num_heads)](
-        q, k, v, positions, rows, out,
+        q, k, v, positions, rows, _sinks_log2(sinks, positions), out,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
@@ -445,6 +475,7 @@ def prefill(
         num_heads, num_heads // k.shape[1], num_q, k.shape[2], num_m_blocks, _window(window),
         LOG2E / math.sqrt(head_dim),
         HAS_ROWS=kv_rows is not None,
+        HAS_SINKS=sinks is not None,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         HEAD_DIM=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
@@ -476,6 +507,7 @@ def decode(
     rows_per_program: int = REF_M,
     fp_fusion: bool = False,
     window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query a row: its chunks in parallel programs, then merged in order.
 
@@ -522,9 +554,10 @@ def decode(
     )  # fmt: skip
     slice_d = min(block_d, 32)
     _combine_kernel[(batch * num_kv_heads, triton.cdiv(block_d, slice_d))](
-        part_m, part_l, part_o, positions, out,
+        part_m, part_l, part_o, positions, _sinks_log2(sinks, positions), out,
         positions.stride(0), out.stride(0), out.stride(1),
         num_heads, num_kv_heads, groups, max_chunks, _window(window),
+        HAS_SINKS=sinks is not None,
         HEAD_DIM=head_dim,
         BLOCK_D=slice_d,
         BLOCK_M=rows_per_program,

@@ -1,0 +1,128 @@
+"""gpt-oss: attention with learned sinks, alternating sliding-window and full layers, YaRN
+RoPE, biases on q/k/v/o, and a top-k MoE (router bias, softmax over the k chosen logits)
+whose experts are biased clamped SwiGLUs. One definition for the train path and the gen path.
+
+Attention is the shared `transformer.Attention` (its sinks, o_proj bias and window come from
+the config). The MoE dispatches as Qwen3-MoE's does (`zkl.models.moe`): grouped per expert on
+the device, experts as grouped GEMMs, the fp32 combine in top-k slot order with
+`moe_combine_order`. zkl's names are HF's without `model.`, except the router is `mlp.gate`
+(so the precision recipes keep it fp32, as every router) and q/k/v and gate/up are fused.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from zkl import ops
+from zkl.invariance import is_enabled
+from zkl.models.causal_lm import CausalLM
+from zkl.models.config import ModelConfig
+from zkl.models.moe import combine, group_by_expert, grouped_bias, run_experts, top_k_softmax_route
+from zkl.models.transformer import Attention, Linear, RMSNorm
+from zkl.models.yarn import YarnRotaryEmbedding
+from zkl.precision import quantizes
+
+
+def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float):
+    """gpt-oss's activation: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), with
+    g = min(gate, limit); elementwise in the activation dtype, the same on every path."""
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
+class Expert(nn.Module):
+    """One expert: fused gate/up with biases, the clamped SwiGLU, down with a bias."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        width = cfg.moe_intermediate_size
+        parts = {"gate_proj": width, "up_proj": width}
+        self.gate_up_proj = Linear(cfg.hidden_size, parts, True)
+        self.down_proj = Linear(width, cfg.hidden_size, True)
+        self.alpha, self.limit = cfg.swiglu_alpha, cfg.swiglu_limit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj.split(self.gate_up_proj(x))
+        return self.down_proj(clamped_swiglu(gate, up, self.alpha, self.limit))
+
+
+class MoE(nn.Module):
+    """Router with a bias, top-k, softmax over the k logits; experts weighted and added."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.top_k = cfg.num_experts_per_tok
+        self.gate = Linear(cfg.hidden_size, cfg.num_experts, True, quantizable=False)
+        self.experts = nn.ModuleList(Expert(cfg) for _ in range(cfg.num_experts))
+
+    def grouped_experts(self, rows, offsets, top_i, by_expert) -> torch.Tensor:
+        """rows [P, H] grouped per expert at `offsets` -> each row through its expert: the
+        grouped GEMMs, then each row's own expert bias (a row-wise add)."""
+        experts = self.experts
+        up_bias = torch.stack([e.gate_up_proj.bias for e in experts])  # [E, 2I]
+        down_bias = torch.stack([e.down_proj.bias for e in experts])  # [E, H]
+        fused = ops.grouped_linear(rows, [e.gate_up_proj.weight for e in experts], offsets)
+        fused = fused + grouped_bias(up_bias, top_i, by_expert).to(fused.dtype)
+        gate, up = experts[0].gate_up_proj.split(fused)
+        hidden = clamped_swiglu(gate, up, experts[0].alpha, experts[0].limit)
+        out = ops.grouped_linear(hidden, [e.down_proj.weight for e in experts], offsets)
+        return out + grouped_bias(down_bias, top_i, by_expert).to(out.dtype)
+
+    def forward(self, x: torch.Tensor, expert_order: list[int] | None = None) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])  # [N, H]
+        fixed = is_enabled("moe_combine_order")
+        top_i, top_w = top_k_softmax_route(x, self.gate.weight, self.gate.bias, self.top_k, fixed)
+        if quantizes(self.experts[0]):  # each expert scales its own group: one call each
+            out = run_experts(x, top_i, top_w, list(self.experts), fixed, expert_order)
+            return out.reshape(shape)
+        by_expert, offsets = group_by_expert(top_i, len(self.experts))
+        rows = x[by_expert // self.top_k]
+        results = self.grouped_experts(rows, offsets, top_i, by_expert)
+        return combine(results, by_expert, top_i, top_w, fixed, expert_order).reshape(shape)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MoE(cfg)
+
+    def forward(self, x, delta, positions, rope, cache=None, slots=None):
+        """(residual x, the last sub-layer's output not yet added) -> the pair one layer on."""
+        x, h = self.input_layernorm.add_forward(x, delta)
+        delta = self.self_attn(h, positions, rope, cache, slots)
+        x, h = self.post_attention_layernorm.add_forward(x, delta)
+        return x, self.mlp(h)
+
+
+class GptOss(CausalLM):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, False, quantizable=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rope = YarnRotaryEmbedding(cfg)
+
+    def hidden_states(self, tokens, positions, cache=None, slots=None, logit_index=None):
+        """The final norm's output [B, T, hidden] (or [B, hidden] at `logit_index`)."""
+        if cache is None and tokens.shape[1] > self.rope.cos.shape[0]:
+            raise ValueError(
+                f"a sequence of {tokens.shape[1]} tokens is longer than "
+                f"model.max_position_embeddings={self.rope.cos.shape[0]}; raise it."
+            )
+        x, delta = self.embed_tokens(tokens), None
+        for block in self.layers:
+            x, delta = block(x, delta, positions, self.rope, cache, slots)
+        if logit_index is not None:
+            picked = (torch.arange(x.shape[0], device=x.device), logit_index)
+            x, delta = x[picked], None if delta is None else delta[picked]
+        return self.norm.add_forward(x, delta)[1]

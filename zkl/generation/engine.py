@@ -46,6 +46,9 @@ class Completion:
     logprobs: torch.Tensor  # fp32 [len(tokens)], on the CPU
     finish_reason: str  # "eos" | "length"
     weight_version: int
+    # fp32 [len(tokens)]: the logprob under the filtered (top-k / top-p) distribution sampled
+    # from; bitwise `logprobs` when no filter is on (the behaviour policy of the corrections)
+    lp_sampled: torch.Tensor | None = None
 
 
 @dataclass
@@ -242,6 +245,7 @@ class GenerationEngine:
         counts = state.count[finished].tolist()
         tokens = state.out_tokens[finished].tolist()
         logprobs = state.out_logprobs[finished].cpu()
+        lp_sampled = state.out_lp_sampled[finished].cpu()
         for i, slot in enumerate(finished):
             request = running.pop(slot)
             free.append(slot)
@@ -254,5 +258,6 @@ class GenerationEngine:
                 logprobs[i, : counts[i]].clone(),
                 reason,
                 self.weight_version,
+                lp_sampled[i, : counts[i]].clone(),
             )
             stats.generated_tokens += counts[i]

@@ -32,6 +32,7 @@ from zkl.state import checkpoint, run_lock
 from zkl.state import sharded as sharded_checkpoint
 from zkl.state.resume import prepare as prepare_resume
 from zkl.tracking.run_log import NullLog, RunLog, read_metrics
+from zkl.trainer.correction import behavior_logprobs, correction_weights, diagnostics
 from zkl.trainer.policy import Policy
 from zkl.trainer.update import UpdateBatch
 
@@ -75,6 +76,7 @@ def token_records(step: int, completions, lp_train, rewards, limit: str) -> list
             "prompt": c.prompt,
             "response": c.tokens,
             "lp_gen": c.logprobs.tolist(),
+            "lp_sampled": c.lp_sampled.tolist(),
             "lp_train": lp.tolist(),
             "reward": r,
         }
@@ -207,7 +209,10 @@ def train_step(
         ) from None
     reward_t = torch.tensor(rewards)
     advantages = group_advantages(reward_t, group)
-    batch = UpdateBatch(prompts, responses, lp_train, advantages, temps)
+    lp_behavior = behavior_logprobs(completions, cfg.rl.correction.behavior)
+    weights = correction_weights(lp_train, lp_behavior, cfg.rl.correction)
+    row.update(diagnostics(lp_train, lp_behavior, weights))
+    batch = UpdateBatch(prompts, responses, lp_train, advantages, temps, weights)
     row.update(policy.update(batch))
     t3 = time.perf_counter()
     generator.refit(policy.refit_state(), policy.version)

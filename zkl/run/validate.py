@@ -52,6 +52,7 @@ def validate(
     _check_graphs(cfg, on_cuda)
     check_bench(cfg.bench, on_cuda)
     rl_config.check(cfg.rl)
+    rl_config.check_treatments(cfg)  # routing replay and fp16 with the rest (issue 35)
     task_config.check(cfg.task)
     if cfg.rl.val_every and cfg.task.name == "dataset" and not cfg.task.val_path:
         raise ConfigError(

@@ -17,7 +17,13 @@ from zkl.distributed import fsdp
 from zkl.precision import DTYPES
 from zkl.trainer.loss import clipped_pg_loss
 from zkl.trainer.scoring import score, sequence_logprobs
-from zkl.trainer.update import UpdateBatch, minibatch, minibatch_edges, update_stats
+from zkl.trainer.update import (
+    UpdateBatch,
+    minibatch,
+    minibatch_edges,
+    minibatch_weights,
+    update_stats,
+)
 from zkl.trainer.weights import GatheredWeights, weight_digests
 
 
@@ -206,8 +212,9 @@ class Policy:
         if self.reference is not None:
             with torch.no_grad():
                 ref = sequence_logprobs(self.reference, tokens, temps)
+        weights = minibatch_weights(batch, lo, hi, mask)
         return clipped_pg_loss(
-            logprobs, old, advantages, mask, rl.clip_eps, ref, rl.kl_coef, num_tokens
+            logprobs, old, advantages, mask, rl.clip_eps, ref, rl.kl_coef, num_tokens, weights
         )
 
     def _step(self, update_sq: torch.Tensor) -> tuple[float, torch.Tensor]:

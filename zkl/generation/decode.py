@@ -16,6 +16,7 @@ from typing import Protocol
 import torch
 
 from zkl import ops
+from zkl.generation import routes
 from zkl.generation.kv_cache import KVCache
 from zkl.generation.sampling import gumbel_max, processed_logits
 from zkl.generation.slots import SlotState
@@ -115,4 +116,5 @@ def decode_one_token(
     tokens = state.token[rows].unsqueeze(1)  # [B, 1]
     positions = state.pos[rows].unsqueeze(1)  # [B, 1]
     logits = model(tokens, positions, cache, rows)[:, 0]  # [B, V]
+    routes.store(getattr(cache, "routes", None), rows, positions, ~state.done[rows])
     sampler.take(state, rows, logits)

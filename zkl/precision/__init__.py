@@ -48,7 +48,7 @@ from torch import nn
 from zkl.precision.fp8_tensor import fake_quantize_fp8_tensor
 from zkl.precision.mx import fake_quantize_mxfp8
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # The active generation-side cache of quantized weights (None: quantize on every call).
 _weight_cache: dict[int, torch.Tensor] | None = None

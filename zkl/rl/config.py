@@ -44,6 +44,9 @@ class RLConfig:
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     # MoE: the trainer's forwards use the experts the generator chose (R3, docs/treatments.md)
     routing_replay: bool = False
+    # MoE: record the generator's routes and log how many the trainer's router changes,
+    # without replaying them (the baseline of routing_replay)
+    record_routes: bool = False
 
 
 def check(rl: RLConfig) -> None:
@@ -95,16 +98,22 @@ def check_treatments(cfg: Any) -> None:
     """The treatments' checks that span parts (the whole config, duck-typed: a leaf): routing
     replay needs a native Qwen3-MoE model, as a dedicated or colocated generator records its
     routes only there."""
-    if not cfg.rl.routing_replay:
+    if not (cfg.rl.routing_replay or cfg.rl.record_routes):
         return
     if not cfg.model.is_moe:
         raise ConfigError(
-            f"rl.routing_replay=true needs a mixture-of-experts model, but model.name="
-            f"{cfg.model.name!r} is dense; choose model=tiny_moe or set rl.routing_replay=false."
+            f"rl.routing_replay=true (or rl.record_routes) needs a mixture-of-experts model, "
+            f"but model.name={cfg.model.name!r} is dense; choose model=tiny_moe or set "
+            "rl.routing_replay=false."
         )
     if cfg.model.family != "qwen3_moe" or cfg.engine.backend != "native":
         raise ConfigError(
             "rl.routing_replay=true supports the native qwen3_moe family only (model.family="
             f"{cfg.model.family!r}, engine.backend={cfg.engine.backend!r}); set "
             "rl.routing_replay=false."
+        )
+    if cfg.trainer.world_size > 1:
+        raise ConfigError(
+            f"rl.routing_replay=true runs with one trainer rank, not trainer.world_size="
+            f"{cfg.trainer.world_size}; set trainer.world_size=1 or rl.routing_replay=false."
         )

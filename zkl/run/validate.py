@@ -25,6 +25,7 @@ from zkl.megatron.mapping import ENGINES
 from zkl.memory import check_memory
 from zkl.models.config import validate_model
 from zkl.precision import config as precision_config
+from zkl.precision.fp16 import check_fp16
 from zkl.rl import config as rl_config
 from zkl.run.schema import ZklConfig
 from zkl.run.values import check_values
@@ -52,7 +53,8 @@ def validate(
     _check_graphs(cfg, on_cuda)
     check_bench(cfg.bench, on_cuda)
     rl_config.check(cfg.rl)
-    rl_config.check_treatments(cfg)  # routing replay and fp16 with the rest (issue 35)
+    rl_config.check_treatments(cfg)  # routing replay with the model and engine
+    check_fp16(cfg)  # the fp16 recipe with the rest of the config
     task_config.check(cfg.task)
     if cfg.rl.val_every and cfg.task.name == "dataset" and not cfg.task.val_path:
         raise ConfigError(

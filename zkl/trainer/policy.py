@@ -14,9 +14,11 @@ from zkl.backends import build_backend_model
 from zkl.checkpoint_check import warn_random_weights
 from zkl.device import resolve_device
 from zkl.distributed import fsdp
+from zkl.generation.routes import taping
 from zkl.precision import DTYPES
+from zkl.precision.fp16 import DynamicLossScaler
 from zkl.trainer.loss import clipped_pg_loss
-from zkl.trainer.scoring import score, sequence_logprobs
+from zkl.trainer.scoring import replay_tape, score, sequence_logprobs
 from zkl.trainer.update import (
     UpdateBatch,
     minibatch,
@@ -52,6 +54,8 @@ class Policy:
             cfg.engine.backend,
         )
         self.world = distributed.current()
+        fp16 = cfg.precision.compute_dtype == "float16"  # its update scales the loss
+        self.scaler = DynamicLossScaler() if fp16 else None
         self.reference = copy.deepcopy(self.model).eval() if cfg.rl.kl_coef > 0 else None
         self.version = 0
         self.params = [p for p in self.model.parameters()]
@@ -107,6 +111,7 @@ class Policy:
             "masters": [m.detach() for m in self.masters] if separate else None,
             "optimizer": self.optimizer.state_dict(),
             "version": self.version,
+            "loss_scaler": None if self.scaler is None else self.scaler.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -123,6 +128,8 @@ class Policy:
                     m.copy_(saved)
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = state["version"]
+        if self.scaler is not None and state.get("loss_scaler"):
+            self.scaler.load_state_dict(state["loss_scaler"])
 
     # -- the weights ----------------------------------------------------------------------
     def refit_state(self) -> Mapping[str, torch.Tensor]:
@@ -154,13 +161,17 @@ class Policy:
 
     # -- the train path -------------------------------------------------------------------
     def score(
-        self, prompts: list[list[int]], responses: list[list[int]], temperatures: list[float]
+        self,
+        prompts: list[list[int]],
+        responses: list[list[int]],
+        temperatures: list[float],
+        routes: list[torch.Tensor] | None = None,
     ) -> list[torch.Tensor]:
         """Train-path logprobs of every response (zkl/trainer/scoring.py), each rank scoring
-        its share; every rank gets them all, in order."""
-        world = self.world
+        its share; every rank gets them all, in order. `routes`: the generator's, replayed."""
+        world, size = self.world, self.cfg.rl.score_micro_batch
         shares = (world.share(prompts), world.share(responses), world.share(temperatures))
-        mine = score(self.model, *shares, self.cfg.rl.score_micro_batch, device=self.device)
+        mine = score(self.model, *shares, size, device=self.device, routes=routes)
         return world.gather(mine)
 
     def update(self, batch: UpdateBatch) -> dict[str, float]:
@@ -181,7 +192,7 @@ class Policy:
             self.optimizer.zero_grad(set_to_none=True)
             for p in self.params:
                 p.grad = None
-            loss.backward()
+            (loss if self.scaler is None else self.scaler.scale_loss(loss)).backward()
             grad_norm, update_sq = step(update_sq)
             losses.append([loss.item(), loss_stats["loss/clip_frac"],
                            loss_stats["loss/ratio_mean"]])  # fmt: skip
@@ -191,6 +202,9 @@ class Policy:
         per = [totals[3 * i : 3 * i + 3] for i in range(len(losses))]
         stats = update_stats(per, grad_norms, totals[-1])
         stats["weights/version"] = self.version
+        if self.scaler is not None:
+            stats["optim/loss_scale"] = self.scaler.scale
+            stats["optim/skipped_steps"] = self.scaler.skipped
         stats["weights/changed_tensors"] = self._changed_tensors(before)
         return stats
 
@@ -207,7 +221,8 @@ class Policy:
             a, b = distributed.bounds(hi - lo, world.rank, world.size)
             lo, hi = lo + a, lo + b
         tokens, mask, old, temps, advantages = minibatch(batch, lo, hi, self.device)
-        logprobs = sequence_logprobs(self.model, tokens, temps)
+        with taping(replay_tape(batch.routes, lo, hi, tokens.shape[1])):
+            logprobs = sequence_logprobs(self.model, tokens, temps)
         ref = None
         if self.reference is not None:
             with torch.no_grad():
@@ -224,6 +239,11 @@ class Policy:
             for m, p in zip(self.masters, self.params):
                 m.grad = None if p.grad is None else p.grad.float()
                 p.grad = None  # one copy of the gradients at a time
+        if self.scaler is not None:
+            finite = self.scaler.unscale(self.masters)
+            self.scaler.update(finite)
+            if not finite:  # an overflow: no step, a smaller scale next time
+                return 0.0, update_sq
         grad_norm = torch.nn.utils.clip_grad_norm_(self.masters, self.cfg.rl.grad_clip)
         with torch.no_grad():
             if self.masters is self.params:

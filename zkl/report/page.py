@@ -17,6 +17,7 @@ from plotly.colors import qualitative
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
+from zkl.report import treatments
 from zkl.report.runs import KL, Run, Sources, axis_value, sweep_axes
 from zkl.report.tables import ablation, all_tables, ordered
 
@@ -171,6 +172,17 @@ def _figure_html(fig: go.Figure, div_id: str) -> str:
     return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id)
 
 
+def treatment_section(sources: Sources) -> list[str]:
+    """The treatment comparison (zkl/report/treatments.py): its table and per-step figures."""
+    runs = treatments.arms(sources)
+    if not runs:
+        return []
+    parts = ["<h2>Treatments</h2>", treatments.treatment_table(runs).to_html("treatments")]
+    for div, fig in treatments.figures(runs, zero_band_figure):
+        parts.append(_figure_html(fig, div))
+    return parts
+
+
 def render(sources: Sources, title: str, source_paths: list[str]) -> str:
     """The whole page as one HTML string; plotly's JavaScript is inlined once."""
     parts = [f"<h1>{html.escape(title)}</h1>"]
@@ -183,6 +195,7 @@ def render(sources: Sources, title: str, source_paths: list[str]) -> str:
     val = val_figure(sources)
     if val is not None:
         parts.append(_figure_html(val, "val-accuracy-per-step"))
+    parts += treatment_section(sources)
     data = ablation(sources.runs)
     for table_id, table in all_tables(sources):
         parts.append(f"<h2>{html.escape(table.title)}</h2>")

@@ -25,6 +25,7 @@ QUIET = ["tracking.wandb.mode=disabled", "tracking.progress=false"]
 SMALLER = {
     "fix_ablation": ["+precision=mxfp8"],  # still all nine fixes
     "cert_beds": ["cert.steps=2", "cert.models=[tiny_moe]", "cert.precisions=[mxfp8]"],
+    "mismatch_treatments": ["+treatment=zero,token_tis,fp16_zero,moe_replay"],  # of 12 arms
 }
 
 

@@ -93,7 +93,8 @@ class Sampler:
         """Sample the rows' next tokens from logits [B, V] and commit them to the state
         (output, count, next input, done at EOS or the limit); finished rows idle."""
         next_tokens, logprobs, lp_sampled = self.sample(state, rows, logits)
-        state.record(rows, state.out_lp_sampled, lp_sampled)
+        if self.top_k or self.top_p:  # unfiltered, lp_sampled is the logprob (engine._retire)
+            state.record(rows, state.out_lp_sampled, lp_sampled)
         ops.commit_samples(state, rows, next_tokens, logprobs, self.eos_id)
 
 
@@ -116,5 +117,6 @@ def decode_one_token(
     tokens = state.token[rows].unsqueeze(1)  # [B, 1]
     positions = state.pos[rows].unsqueeze(1)  # [B, 1]
     logits = model(tokens, positions, cache, rows)[:, 0]  # [B, V]
-    routes.store(getattr(cache, "routes", None), rows, positions, ~state.done[rows])
+    if getattr(cache, "routes", None) is not None:  # routing replay records each route
+        routes.store(cache.routes, rows, positions, ~state.done[rows])
     sampler.take(state, rows, logits)

@@ -153,6 +153,7 @@ class GenerationEngine:
             top_p=any(r.params.top_p < 1 for r in requests),
             eos_id=self.eos_id,
         )
+        self._sampler = sampler  # `_retire` reads whether it filtered
         if self.decoder is None:
             cache, state = self.new_buffers(max_len, max_new)
         else:
@@ -261,7 +262,8 @@ class GenerationEngine:
         counts = state.count[finished].tolist()
         tokens = state.out_tokens[finished].tolist()
         logprobs = state.out_logprobs[finished].cpu()
-        lp_sampled = state.out_lp_sampled[finished].cpu()
+        filtered = self._sampler.top_k or self._sampler.top_p
+        lp_sampled = state.out_lp_sampled[finished].cpu() if filtered else logprobs
         taken = None if cache.routes is None else cache.routes[finished].cpu()
         for i, slot in enumerate(finished):
             request = running.pop(slot)

@@ -256,6 +256,35 @@ def test_a_user_reward_function_sets_the_rewards(ckpt, tmp_path):
         assert row["reward/mean"] == pytest.approx(sum(mine) / 16, abs=1e-6)
 
 
+def test_gsm8k_rows_on_a_random_model_score_zero_in_strict_mode(ckpt, tmp_path):
+    """Random weights write noise; the strict reward reads the `#### N` line the template asks
+    for, so every sample scores 0 (math-verify reads any last number)."""
+    from zkl.data.rewards import gsm8k_strict
+
+    gsm8k = DATA / "gsm8k_rows.jsonl"
+    template = "task.prompt_template='{prompt} End with the line #### N.'"
+    cfg = make_cfg(
+        f"model.checkpoint={ckpt}",
+        *[o for o in DATASET if not o.startswith("task.val_path")],
+        f"task.path={gsm8k}",
+        "task.reward=gsm8k",
+        template,
+        "sampling.max_new_tokens=8",
+        "rl.steps=1",
+        "tracking.dump_tokens=all",
+    )
+    run(cfg, tmp_path / "run", progress=False)
+    task = build_task(cfg.task, cfg.model.vocab_size)
+    records = read_jsonl(tmp_path / "run" / "tokens.jsonl")
+    assert len(records) == 16 and all(r["reward"] == 0.0 for r in records)
+    golds = {e.prompt_text: e.answer for e in task.train}
+    for r in records:
+        prompt = task.tokenizer.decode(r["prompt"])
+        assert prompt.endswith("End with the line #### N.") and prompt in golds
+        text = task.tokenizer.response_text(r["response"])
+        assert gsm8k_strict(prompt, text, golds[prompt]) == r["reward"]
+
+
 def test_a_user_task_class(ckpt, tmp_path):
     cfg = make_cfg(
         f"model.checkpoint={ckpt}",

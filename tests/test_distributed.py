@@ -260,3 +260,17 @@ def test_world_size_1_through_the_fsdp_path(tmp_path):
     (one,) = run(make_cfg(*common, "rl.steps=1"), tmp_path / "one")
     assert _steady(rows[0]) == _steady(one)
     assert "WORLD_SIZE" not in os.environ
+
+
+def test_spawned_ranks_leave_no_semaphore_behind(tmp_path):
+    """Each spawned rank runs multiprocessing's finalizers before it skips the C++ teardown,
+    so the semaphores it made (tqdm's lock) are unlinked and the spawner's resource tracker
+    has nothing to warn about."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
+    cmd = [sys.executable, "-m", "zkl", "trainer.world_size=2", "rl.steps=2", *BASE]
+    out = subprocess.run(
+        [*cmd, f"hydra.run.dir={tmp_path}"], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "2 steps in" in out.stdout
+    assert "resource_tracker" not in out.stderr and "leaked" not in out.stderr, out.stderr[-3000:]

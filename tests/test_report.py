@@ -18,8 +18,9 @@ from omegaconf import OmegaConf
 from zkl.errors import ConfigError
 from zkl.report import page, wandb_report
 from zkl.report.__main__ import main
-from zkl.report.runs import discover, sweep_axes
-from zkl.report.tables import ablation, md_escape
+from zkl.report.axes import sweep_axes
+from zkl.report.runs import discover
+from zkl.report.tables import ablation, all_tables, md_escape
 from zkl.tracking.errors import record_error
 from zkl.tracking.run_log import RunLog
 
@@ -64,7 +65,7 @@ def test_tables_match_the_runs_files(sweep):
     assert status == {"0": "complete", "1": "complete", "2": "complete", "3": "failed"} | {
         "4": "incomplete"
     }
-    assert sweep_axes(sources.runs) == ["model.name", "sampling.max_new_tokens", "seed", "fixes"]
+    assert sweep_axes(sources.runs) == ["model.name", "seed", "sampling.max_new_tokens", "fixes"]
     assert main([str(sweep)]) == 0
     tables = parse_tables((sweep / "report.html").read_text())
     rows = {row["run"][0]: row for row in tables["runs"]}
@@ -77,12 +78,12 @@ def test_tables_match_the_runs_files(sweep):
         assert row["gen_kl_error max"][1] == max(kl)
         assert row["steps exactly 0"][1] == kl.count(0.0)
     assert rows["2"]["fixes"][0] == "-logprob_path" and rows["1"]["fixes"][0] == "all on"
-    assert rows["3"]["status"][0] == "failed" and rows["3"]["error"][0] == BAD
+    assert rows["3"]["status"][0] == "failed" and tables["failed"][0]["error"][0] == BAD
     assert [r["run"][0] for r in tables["failed"]] == ["3", "4"]
     assert tables["bench"][0]["gen tok/s zero"][1] == 900.0
     md = (sweep / "report.md").read_text()
     assert md_escape(BAD) in md and "### Runs" in md and "### Throughput" in md
-    row = "| 2 | tiny\\_moe | 6 | 0 | -logprob\\_path | complete | 3 | 4e-05 | 4e-05 | 5e-05 |"
+    row = "| 2 | 4e-05 | 4e-05 | 5e-05 | 0 | tiny\\_moe | 0 | 6 | -logprob\\_path | complete | 3 |"
     assert row in md
 
 
@@ -91,11 +92,13 @@ def test_zero_band_keeps_every_zero(sweep):
     traces = {}
     for trace in fig.data:
         traces.setdefault(trace.name, []).append(trace)
-    assert sorted(traces) == ["0 tiny_dense/6/0/all on", "1 tiny_moe/6/0/all on"] + [
-        "2 tiny_moe/6/0/-logprob_path",
-        "4 tiny_dense/6/1/all on",
+    assert sorted(traces) == [  # the axes' values only; seed and max_new_tokens differ
+        "tiny_dense seed=0 max_new_tokens=6 all on",
+        "tiny_dense seed=1 max_new_tokens=6 all on",
+        "tiny_moe seed=0 max_new_tokens=6 -logprob_path",
+        "tiny_moe seed=0 max_new_tokens=6 all on",
     ]
-    top, band = traces["1 tiny_moe/6/0/all on"]
+    top, band = traces["tiny_moe seed=0 max_new_tokens=6 all on"]
     assert list(band.x) == [0, 2] and list(top.y) == [None, 1e-7, None]
     assert fig.layout.yaxis.type == "log"
     assert list(fig.layout.yaxis2.ticktext) == ["exactly 0"]
@@ -116,7 +119,7 @@ def test_page_opens_offline(sweep, tmp_path):
     assert main([str(sweep / "0"), str(sweep / "2"), "--out", str(out)]) == 0
     html = out.read_text()
     assert not re.search(r"<script[^>]+src=", html)  # no script fetched from anywhere
-    assert html.count("Plotly.newPlot(") == 1 and "plotly.js v" in html
+    assert html.count("Plotly.newPlot(") == 2 and "plotly.js v" in html  # KL, reward
     names = [r["run"][0] for r in parse_tables(html)["runs"]]
     assert sorted(names) == ["0", "2"] or sorted(names) == sorted(
         [f"{sweep.name}/0", f"{sweep.name}/2"]
@@ -164,18 +167,23 @@ def _chromium(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
 
 
-@pytest.mark.slow
-def test_page_renders_its_plots_in_headless_chromium(sweep, tmp_path):
-    """The page as a browser shows it, offline: the plots are drawn (look at report.png)."""
+def _needs_chromium() -> None:
     if shutil.which("chromium") is None:
         if os.environ.get("CI"):
             pytest.fail("CI must install Debian's chromium (.ci/run does)")
         pytest.skip("needs Debian's chromium (apt-get install chromium)")
+
+
+@pytest.mark.slow
+def test_page_renders_its_plots_in_headless_chromium(sweep, tmp_path):
+    """The page as a browser shows it, offline: the plots are drawn (look at report.png)."""
+    _needs_chromium()
     assert main([str(sweep)]) == 0
     url = (sweep / "report.html").as_uri()
     dom = _chromium("--dump-dom", url).stdout
-    assert dom.count('class="main-svg"') >= 4  # two figures, each drawn as SVG layers
+    assert dom.count('class="main-svg"') >= 6  # three figures, each drawn as SVG layers
     assert "exactly 0" in dom and "What each fix contributes" in dom
+    assert "reward/mean per step" in dom
     shot, blank = tmp_path / "report.png", tmp_path / "blank.png"
     _chromium(f"--screenshot={shot}", "--window-size=1400,1800", url)
     (tmp_path / "blank.html").write_text("<html><body></body></html>")
@@ -188,3 +196,162 @@ def test_page_renders_its_plots_in_headless_chromium(sweep, tmp_path):
     if os.environ.get("ZKL_KEEP_SCREENSHOT"):
         shutil.copy(shot, os.environ["ZKL_KEEP_SCREENSHOT"])
     assert zlib.crc32(shot.read_bytes()) != zlib.crc32(blank.read_bytes())
+
+
+# Measures the laid-out page in the browser and writes what it found into the DOM.
+PROBE = """<script>window.addEventListener('load', () => {
+  const runs = document.getElementById('runs');
+  const heads = [...runs.querySelectorAll('thead th')].map(th => th.textContent);
+  const at = name => heads.indexOf(name);
+  const cells = col => [...runs.querySelectorAll('tbody tr')].map(tr => tr.children[col]);
+  const out = {
+    page: [document.documentElement.scrollWidth, window.innerWidth],
+    table: [runs.scrollWidth, runs.clientWidth],
+    right: Object.fromEntries([...runs.querySelectorAll('thead th')].map(
+      th => [th.textContent, th.getBoundingClientRect().right])),
+    fixes: cells(at('fixes')).map(td => [td.textContent, td.scrollWidth, td.clientWidth]),
+    legends: [...document.querySelectorAll('.legend .traces')].map(t => t.textContent),
+  };
+  const pre = document.createElement('pre');
+  pre.id = 'probe';
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+});</script>"""
+
+
+@pytest.mark.slow
+def test_a_wide_sweep_fits_1400_px(tmp_path):
+    """Seven axes, long fix sets and a long error: at 1,400 px nothing is cut or scrolled away.
+
+    Keep the screenshot with ZKL_KEEP_SCREENSHOT=path.png and look at it.
+    """
+    _needs_chromium()
+    off = ["fixes.logprob_path=false", "fixes.kv_invalidate_on_refit=false"]
+    off += ["fixes.refit_exactness=false", "fixes.quantized_weight_refresh=false"]
+    for i, (model, precision, kv) in enumerate(
+        [("tiny_dense", "bf16", "persist"), ("tiny_moe", "mxfp8", "recompute")] * 2
+    ):
+        axes = [f"model={model}", f"+precision={precision}", f"kv={kv}", f"seed={i % 3}"]
+        axes += [f"sampling.max_new_tokens={6 + i}", f"+layout={('colocated', 'dedicated')[i % 2]}"]
+        kls = [0.0, 0.0, 0.0] if i < 2 else [2e-5 * (i + 1), 0.0, 1e-6]
+        _write_run(tmp_path / str(i), axes + (off if i >= 2 else []), kls)
+    (tmp_path / "4").mkdir()
+    (tmp_path / "4" / "error.txt").write_text(BAD + " " + BAD + "\n")
+    assert main([str(tmp_path)]) == 0
+    report = tmp_path / "report.html"
+    probe = tmp_path / "probe.html"
+    probe.write_text(report.read_text().replace("</body>", PROBE + "</body>"))
+    dom = _chromium("--window-size=1400,1800", "--dump-dom", probe.as_uri()).stdout
+    found = json.loads(re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S).group(1))
+    assert found["page"][0] <= 1400, found["page"]  # no horizontal scroll of the page
+    assert found["table"][0] <= found["table"][1], found["table"]  # the whole table in view
+    for title in ("gen_kl_error final", "gen_kl_error mean", "gen_kl_error max", "fixes"):
+        assert found["right"][title] <= 1400, (title, found["right"][title])
+    fixes = {text for text, _, _ in found["fixes"]}
+    assert "-logprob_path,-kv_invalidate_on_refit,-refit_exactness,-quantized_weight_refresh" in (
+        fixes
+    )
+    for text, scroll, client in found["fixes"]:
+        assert scroll <= client, f"the fixes cell {text!r} is cut"
+    legend = " ".join(found["legends"])
+    assert "tiny_moe mxfp8" in legend and "/" not in legend  # the axes' values, no paths
+    shot = tmp_path / "wide.png"
+    _chromium(f"--screenshot={shot}", "--window-size=1400,2600", report.as_uri())
+    assert _png_size(shot)[:2] == (1400, 2600)
+    if os.environ.get("ZKL_KEEP_SCREENSHOT"):
+        shutil.copy(shot, os.environ["ZKL_KEEP_SCREENSHOT"].replace(".png", "_wide.png"))
+
+
+def _refused(run_dir: Path, overrides: list[str], error: str | None, **edits) -> None:
+    """A job Hydra composed and zkl refused: `.hydra/` (config, overrides), error.txt, no log."""
+    (run_dir / ".hydra").mkdir(parents=True)
+    tree = OmegaConf.to_container(OmegaConf.structured(make_cfg("rl.steps=3")))
+    for key, value in edits.items():
+        group, leaf = key.split("__")
+        tree[group][leaf] = value
+    OmegaConf.save(OmegaConf.create(tree), run_dir / ".hydra" / "config.yaml")
+    OmegaConf.save(OmegaConf.create(overrides), run_dir / ".hydra" / "overrides.yaml")
+    (run_dir / "metrics.jsonl").write_text("")
+    if error:
+        (run_dir / "error.txt").write_text(error + "\n")
+
+
+def test_a_refused_run_is_failed_with_its_sentence_and_its_own_config(tmp_path):
+    _write_run(tmp_path / "0", ["kv=persist"], [0.0, 0.0, 0.0])
+    _write_run(tmp_path / "1", ["kv=recompute"], [0.0, 0.0, 0.0])
+    ckpt = "/data/ckpts/qwen2_all"
+    sentence = f"model.checkpoint={ckpt} has no config.json; name a checkpoint directory."
+    args = {"model__checkpoint": ckpt, "task__name": "dataset"}
+    _refused(tmp_path / "2", [f"model.checkpoint={ckpt}", "task=dataset"], sentence, **args)
+    _refused(
+        tmp_path / "3",
+        ["model=tiny_moe", f"model.checkpoint={ckpt}"],
+        BAD,
+        **args,
+        model__name="tiny_moe",
+    )
+    (tmp_path / "3" / "metrics.jsonl").unlink()  # `.hydra/` and error.txt alone
+    _refused(tmp_path / "4", [], None)  # killed before it logged or recorded anything
+    (tmp_path / "5").mkdir()
+    (tmp_path / "5" / "error.txt").write_text(BAD + "\n")  # no config at all
+    runs = {r.name: r for r in discover([tmp_path]).runs}
+    assert runs["2"].status == "failed" and runs["2"].reason == sentence
+    assert runs["2"].flat["model.name"] == "qwen2_all"  # zkl's name, not tiny_dense's
+    assert runs["2"].flat["task.tokenizer"] == ckpt
+    assert "model.hidden_size" not in runs["2"].flat  # config.json's, never the default's
+    assert runs["3"].flat["model.name"] == "tiny_moe"  # a named group keeps its name
+    assert runs["3"].status == "failed" and runs["3"].reason == BAD
+    assert runs["4"].status == "incomplete" and runs["5"].status == "failed"
+    assert main([str(tmp_path)]) == 0
+    tables = parse_tables((tmp_path / "report.html").read_text())
+    failed = {r["run"][0]: r for r in tables["failed"]}
+    assert failed["2"]["error"][0] == sentence and failed["5"]["error"][0] == BAD
+    assert failed["4"]["error"][0].startswith("no error recorded")
+    rows = {r["run"][0]: r for r in tables["runs"]}
+    assert rows["2"]["model"][0] == "qwen2_all" and rows["2"]["status"][0] == "failed"
+    assert rows["5"]["model"][0] == "" and "kv" in rows["5"]
+
+
+def test_only_the_varying_axes_label_the_runs(tmp_path):
+    """A run without a config, or keys that follow from another axis, add no axis."""
+    _write_run(tmp_path / "0", ["kv=persist"], [0.0, 0.0, 0.0])
+    _write_run(tmp_path / "1", ["kv=recompute", "zero_train_gen_mismatch=false"], [1e-4] * 3)
+    _refused(tmp_path / "2", [], BAD, model__checkpoint="/x/ckpt_a")
+    (tmp_path / "3").mkdir()
+    (tmp_path / "3" / "error.txt").write_text(BAD + "\n")
+    sources = discover([tmp_path])
+    assert sweep_axes(sources.runs) == ["model.name", "kv.mode", "fixes"]
+    fig = page.kl_figure(sources)
+    names = sorted({t.name for t in fig.data})
+    assert names == ["tiny_dense kv=persist all on", "tiny_dense kv=recompute all off"]
+    runs = dict(all_tables(sources))["runs"]
+    assert runs.headers[:5] == ["run"] + [
+        "gen_kl_error final",
+        "gen_kl_error mean",
+        "gen_kl_error max",
+        "steps exactly 0",
+    ]
+    assert "val/accuracy final" not in runs.headers  # no run validated: no empty column
+    reward = page.reward_figure(sources)
+    assert sorted(t.name for t in reward.data) == names  # reward per step, every run
+
+
+def test_a_sweep_exactly_zero_throughout_is_a_grid_not_an_empty_plot(tmp_path):
+    for i, (model, kv) in enumerate(
+        [("tiny_dense", "persist"), ("tiny_dense", "recompute"), ("tiny_moe", "persist")]
+    ):
+        _write_run(tmp_path / str(i), [f"model={model}", f"kv={kv}"], [0.0, 0.0, 0.0])
+    assert main([str(tmp_path)]) == 0
+    html = (tmp_path / "report.html").read_text()
+    assert "kl-per-step" not in html and "Every logged step of every run is exactly 0" in html
+    assert html.index("id='grid'") < html.index("reward-per-step")  # the grid leads
+    grid = parse_tables(html)["grid"]
+    assert [list(r) for r in grid][0] == ["model", "kv: persist", "kv: recompute"]
+    assert [r["model"][0] for r in grid] == ["tiny_dense", "tiny_moe"]
+    assert grid[0]["kv: persist"] == ("exactly 0 (3 steps)", 0.0)
+    assert grid[1]["kv: recompute"] == ("", None)  # no such run
+    _write_run(tmp_path / "3", ["model=tiny_moe", "kv=recompute"], [0.0, 2e-6, 0.0])
+    assert main([str(tmp_path)]) == 0
+    html = (tmp_path / "report.html").read_text()
+    assert "kl-per-step" in html and "Every logged step" not in html
+    assert parse_tables(html)["grid"][1]["kv: recompute"] == ("2e-06", 2e-6)

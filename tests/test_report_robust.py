@@ -157,7 +157,7 @@ def test_twenty_runs_stay_readable(tmp_path):
     assert legend.y < 0 and legend.xanchor == "left"  # below the plot: its width is the page's
     assert fig.layout.margin.r <= 40
     assert "position: sticky" in page.STYLE and "td:first-child" in page.STYLE
-    assert html.count("Plotly.newPlot(") == 1
+    assert html.count("Plotly.newPlot(") == 1  # no reward logged: the KL plot alone
     assert html.count("plotly.js v") == 1  # the library inlined once
     without_library = len(html) - len(page.get_plotlyjs())
     assert without_library < 200_000, without_library

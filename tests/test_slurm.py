@@ -29,6 +29,7 @@ pytestmark = pytest.mark.slow  # whole experiments: `pytest -m "not slow"` skips
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["rl.prompts_per_step=2", "rl.samples_per_prompt=2", "tracking.progress=false"]
 ONE_BED = ["model=tiny_dense", "+layout=colocated"]
+ONE_ARM = "+arm=colocated"  # precision_matrix's zero-mode colocated arm alone
 # slurmctld checks time limits (and sends their warning signal) every 30 s, so the USR2 of a
 # 1-minute limit may come 31 s after the start: the job must run well past that. 200 steps
 # took 20 s on a fast 2-core machine and the job finished unsignalled; 800 take over 60 s.
@@ -91,7 +92,7 @@ def _state(job: str, wait_s: float = 120.0) -> str:
 def test_sweep_through_slurm_and_its_report(tmp_path):
     """4 jobs through hydra/launcher=slurm (submitit_slurm); all zero; the report matches."""
     sweep = tmp_path / "sweep"
-    out = _script(sweep, *ONE_BED, "rl.steps=3", *TINY)
+    out = _script(sweep, *ONE_BED, ONE_ARM, "rl.steps=3", *TINY)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     jobs = _slurm_jobs(sweep)
     assert len(jobs) == 4 and all(_state(j) == "COMPLETED" for j in jobs)
@@ -108,24 +109,25 @@ def test_sweep_through_slurm_and_its_report(tmp_path):
         assert row["gen_kl_error max"][1] == max(r["train/gen_kl_error"] for r in rows)
         assert row["min bitwise frac"][1] == min(r["train/bitwise_equal_frac"] for r in rows)
         assert row["reward final"][1] == rows[-1]["reward/mean"]
-    axes = {(r["precision.name"][0], r["kv.mode"][0]) for r in table.values()}
+    axes = {(r["precision"][0], r["kv"][0]) for r in table.values()}
     assert axes == {(p, k) for p in ("bf16", "mxfp8") for k in ("recompute", "persist")}
     assert (sweep / "report.md").read_text().count("| complete |") == 4
 
 
 def test_bad_config_fails_only_its_job(tmp_path):
     sweep = tmp_path / "sweep"
-    out = _script(sweep, *ONE_BED, "+precision=bf16", "kv=recompute", "rl.steps=2", *TINY,
+    out = _script(sweep, *ONE_BED, ONE_ARM, "+precision=bf16", "kv=recompute", "rl.steps=2", *TINY,
                   "sampling.max_new_tokens=6,500")  # fmt: skip
     assert out.returncode != 0  # the sweep reports its failed job
-    table = parse_tables((sweep / "report.html").read_text())["runs"]
-    by_tokens = {r["sampling.max_new_tokens"][0]: r for r in table}
+    tables = parse_tables((sweep / "report.html").read_text())
+    by_tokens = {r["max_new_tokens"][0]: r for r in tables["runs"]}
     good, bad = by_tokens["6"], by_tokens["500"]
     assert good["status"][0] == "complete" and good["steps"][1] == 2
     sentence = (sweep / bad["run"][0] / "error.txt").read_text().strip()
     assert sentence.startswith("model.max_position_embeddings=128 is shorter than")
     assert "\n" not in sentence and sentence.endswith("max_new_tokens needs.")
-    assert bad["status"][0] == "failed" and bad["error"][0] == sentence
+    assert bad["status"][0] == "failed"
+    assert {r["run"][0]: r["error"][0] for r in tables["failed"]} == {bad["run"][0]: sentence}
     assert md_escape(sentence) in (sweep / "report.md").read_text()  # its Markdown form
 
 
@@ -142,7 +144,7 @@ class Sweep:
     ) -> None:
         self.dir, self.requeue_at = sweep_dir, requeue_at
         cmd = [sys.executable, "-m", "zkl", "-m", "--config-dir", str(REPO / "sweeps")]
-        cmd += ["--config-name", "precision_matrix", "hydra/launcher=slurm"]
+        cmd += ["--config-name", "precision_matrix", ONE_ARM, "hydra/launcher=slurm"]
         cmd += [f"hydra.sweep.dir={sweep_dir}", f"tracking.wandb.mode={wandb}", *overrides]
         self.proc = subprocess.Popen(
             cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT

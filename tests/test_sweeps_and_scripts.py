@@ -24,6 +24,7 @@ QUIET = ["tracking.wandb.mode=disabled", "tracking.progress=false"]
 # Each sweep's documented command runs for real, on fewer points where the sweep is large.
 SMALLER = {
     "fix_ablation": ["+precision=mxfp8"],  # still all nine fixes
+    "precision_matrix": ["model=tiny_moe"],  # still every arm, precision and kv mode
     "cert_beds": ["cert.steps=2", "cert.models=[tiny_moe]", "cert.precisions=[mxfp8]"],
     "mismatch_treatments": ["+treatment=zero,token_tis,fp16_zero,moe_replay"],  # of 12 arms
 }
@@ -65,6 +66,11 @@ def test_sweep_runs_every_job(sweep, tmp_path):
     if sweep == "fix_ablation":
         fixes_off = {r.fixes for r in sources.runs}
         assert fixes_off == {"all on"} | {f"-{name}" for name in FIXES}
+    if sweep == "precision_matrix":  # zero mode exactly 0; its contrast, zero mode off, not
+        arms = {(r.fixes, r.flat["layout.name"]) for r in sources.runs}
+        assert arms == {("all on", "colocated"), ("all on", "dedicated"), ("all off", "colocated")}
+        for r in sources.runs:
+            assert (max(r.series()) == 0.0) == (r.fixes == "all on"), (r.name, r.series())
 
 
 def _launcher(*overrides: str) -> dict:

@@ -9,6 +9,7 @@ from omegaconf import DictConfig
 
 from zkl.cli import guarded, hydra_entry
 from zkl.rl.loop import run
+from zkl.rl.summary import summary_line
 from zkl.run.compose import to_object
 from zkl.run.schema import CONF_DIR
 from zkl.state import run_lock
@@ -31,12 +32,7 @@ def experiment(dcfg: DictConfig) -> None:
         if HydraConfig.get().mode == RunMode.MULTIRUN and not in_use:
             record_error(run_dir, err)
         raise
-    last = rows[-1]
-    print(
-        f"{len(rows)} steps in {run_dir}: last gen_kl_error={last['train/gen_kl_error']:.3g} "
-        f"max_abs_logprob_diff={last['train/max_abs_logprob_diff']:.3g} "
-        f"reward first={rows[0]['reward/mean']:.3f} last={last['reward/mean']:.3f}"
-    )
+    print(summary_line(rows, run_dir))
 
 
 if __name__ == "__main__":

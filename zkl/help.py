@@ -91,7 +91,8 @@ def help_text(prog: str) -> str:
     lines += groups
     lines += [
         "",
-        "Sweeps: python -m zkl -m --config-dir sweeps --config-name <sweep> (sweeps/*.yaml);",
+        "Sweeps: python -m zkl -m --config-dir sweeps --config-name <sweep> (sweeps/*.yaml;",
+        'an installed zkl: --config-dir "$(python -m zkl.sweeps)");',
         "hydra/launcher=slurm|slurm_gpu|local; Hydra's own flags: --hydra-help.",
     ]
     return "\n".join(lines)

@@ -23,7 +23,11 @@ class TaskConfig:
     val_path: str | None = None  # the validation split (rl.val_every needs one)
     prompt_key: str = "prompt"
     answer_key: str = "answer"
-    reward: str = "math"  # math (math-verify) | exact | package.module:function
+    # The text a prompt is: the prompt column put where `{prompt}` stands, so the task can ask
+    # for the answer format its reward reads ("... End with a line '#### N'.").
+    prompt_template: str = "{prompt}"
+    # math (math-verify) | exact | gsm8k | gsm8k_boxed | gsm8k_flexible | package.module:function
+    reward: str = "math"
     tokenizer: str | None = None  # a directory with tokenizer.json; null: model.checkpoint
     chat_template: bool = False  # wrap each prompt as a user turn in the tokenizer's template
     # A task class of your own, built as Class(task_cfg, vocab_size); `params` are its knobs.
@@ -41,5 +45,10 @@ def check(task: TaskConfig) -> None:
         )
     if task.max_operand < 0 or task.max_operand > 9:
         raise ConfigError(f"task.max_operand={task.max_operand} must be between 0 and 9.")
+    if task.prompt_template.count("{prompt}") != 1:
+        raise ConfigError(
+            f"task.prompt_template={task.prompt_template!r} must hold '{{prompt}}' exactly once "
+            "(where each row's prompt goes)."
+        )
     if task.name not in TASKS and not task._target_:
         raise ConfigError(f"task.name={task.name!r} is not a built-in task; use one of {TASKS}.")

@@ -106,6 +106,7 @@ class DatasetTask:
                 )
             if answer is None:
                 raise ConfigError(f"row {i} of {key}={path} has no {self.cfg.answer_key}.")
+            prompt = self.cfg.prompt_template.replace("{prompt}", prompt)
             ids = tuple(self.tokenizer.prompt_ids(prompt))
             out.append(Example(i, prompt, str(answer), ids))
         return out

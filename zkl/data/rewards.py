@@ -1,4 +1,5 @@
-"""Rewards of a dataset task: `exact`, `math` (math-verify) or a user function.
+"""Rewards of a dataset task: `exact`, `math` (math-verify), `gsm8k` (and its boxed and
+flexible readings) or a user function.
 
 Every reward is a function `(prompt, response, answer) -> float` of texts: the prompt as
 the dataset gave it, the decoded response (up to EOS, no special tokens) and the answer.
@@ -13,6 +14,7 @@ import math
 from collections.abc import Callable
 from functools import lru_cache
 
+from zkl.data import answers
 from zkl.errors import ConfigError, RunFault
 
 RewardFn = Callable[[str, str, str], float]
@@ -49,7 +51,35 @@ def math_answer(prompt: str, response: str, answer: str) -> float:
     return float(verify(gold, parse(response)))
 
 
-BUILT_IN: dict[str, RewardFn] = {"exact": exact_match, "math": math_answer}
+def gsm8k_strict(prompt: str, response: str, answer: str) -> float:
+    """1.0 when the number on the response's last `#### N` line is the gold one, else 0.0.
+
+    The gold is the number after the answer's last `####` (GSM8K's worked solutions), or
+    the answer itself when it is a number (zkl/data/answers.py says what is normalised).
+    """
+    gold = answers.gold(answer)
+    return float(answers.after_hashes(response) == gold)
+
+
+def gsm8k_boxed(prompt: str, response: str, answer: str) -> float:
+    """1.0 when the number in the response's last `\\boxed{N}` is the gold one, else 0.0."""
+    gold = answers.gold(answer)
+    return float(answers.boxed(response) == gold)
+
+
+def gsm8k_flexible(prompt: str, response: str, answer: str) -> float:
+    """1.0 when the response's last number, wherever it stands, is the gold one (lenient)."""
+    gold = answers.gold(answer)
+    return float(answers.last_number(response) == gold)
+
+
+BUILT_IN: dict[str, RewardFn] = {
+    "exact": exact_match,
+    "math": math_answer,
+    "gsm8k": gsm8k_strict,
+    "gsm8k_boxed": gsm8k_boxed,
+    "gsm8k_flexible": gsm8k_flexible,
+}
 
 
 def load_reward(spec: str) -> RewardFn:
@@ -68,7 +98,7 @@ def load_reward(spec: str) -> RewardFn:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(
-            f"task.reward={spec!r} is not {' or '.join(BUILT_IN)} nor package.module:function."
+            f"task.reward={spec!r} is not one of {', '.join(BUILT_IN)} nor package.module:function."
         )
     try:
         module = importlib.import_module(module_name)

@@ -10,6 +10,7 @@ every other one, whichever collective they wait in.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
@@ -89,6 +90,13 @@ def leave(world: distributed.World, finished: bool) -> None:
     distributed.shutdown()
 
 
+def _exit_flushed() -> None:
+    """End a finished rank at once, its output flushed (os._exit skips Python's own flush)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def _rank_main(
     run: RunFn, cfg: Any, run_dir: str, progress: bool | None, env: dict[str, str]
 ) -> None:
@@ -97,12 +105,13 @@ def _rank_main(
     prefix = f"zkl: rank {env['RANK']} of {env['WORLD_SIZE']}"
     try:
         run(cfg, run_dir, progress)
-        # The run has closed its logs and left the process group. Skip the interpreter's
-        # teardown: a gloo or store thread still alive in C++ can abort it ("terminate called
-        # without an active exception", SIGABRT) and turn a finished rank into a failed one.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        # The run has closed its logs and left the process group. Return, so multiprocessing
+        # runs its finalizers (a semaphore this rank made, such as tqdm's lock, is unlinked;
+        # skipped, the spawner's resource tracker warns of a leak), then skip the rest of the
+        # interpreter's teardown: a gloo or store thread still alive in C++ can abort it
+        # ("terminate called without an active exception", SIGABRT) and turn a finished rank
+        # into a failed one. The first exit handler to run is the last registered: this one.
+        atexit.register(_exit_flushed)
     except ConfigError as err:
         print(f"{prefix}: {err}", file=sys.stderr, flush=True)
         sys.exit(2)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,6 @@ from zkl.tracking.errors import ERROR_FILE, read_error
 from zkl.tracking.run_log import CONFIG_FILE, METRICS_FILE, axes, flatten
 
 SKIP_DIRS = {".submitit", ".hydra", "wandb", "__pycache__"}
-NOT_AXES = ("tracking.", "checkpoint.", "resume", "cert.", "fixes.", "zero_train_gen_mismatch")
 KL = "train/gen_kl_error"
 
 
@@ -142,6 +142,12 @@ def _check_rows(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str |
 
 
 def _config(run_dir: Path) -> tuple[dict[str, Any], str | None]:
+    """The run's config: zkl's resolved `config.yaml`, else what Hydra composed.
+
+    A run refused before zkl resolved its config has only `.hydra/config.yaml`, where a
+    `model.checkpoint` run without a model group still carries the default group's keys;
+    its model is then named as zkl names it, by the checkpoint directory.
+    """
     for path in (run_dir / CONFIG_FILE, run_dir / ".hydra" / "config.yaml"):
         if path.exists():
             try:
@@ -151,8 +157,35 @@ def _config(run_dir: Path) -> tuple[dict[str, Any], str | None]:
                 return {}, f"{path.name} cannot be read ({type(err).__name__}: {first})"
             if not isinstance(tree, dict):
                 return {}, f"{path.name} is not a mapping"
+            if path.parent.name == ".hydra":
+                _as_resolved(tree, _hydra_overrides(run_dir))
             return tree, None
     return {}, None
+
+
+def _hydra_overrides(run_dir: Path) -> list[str]:
+    try:
+        listed = OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "overrides.yaml"))
+    except Exception:  # absent or damaged: the config alone is what there is
+        return []
+    return [str(o) for o in listed] if isinstance(listed, list) else []
+
+
+def _as_resolved(tree: dict[str, Any], overrides: list[str]) -> None:
+    """Hydra's config as zkl resolves it (zkl/run/model_from_checkpoint.py): a checkpoint
+    without a named model group gives the model its directory's name; the architecture,
+    read from its config.json by the run, is left out rather than shown as the default's."""
+    model, task = tree.get("model"), tree.get("task")
+    if not isinstance(model, dict) or not model.get("checkpoint"):
+        return
+    if any(re.match(r"^[+~]*model=", o) for o in overrides):
+        return
+    checkpoint = str(model["checkpoint"])
+    named = any(re.match(r"^[+~]*model\.name=", o) for o in overrides)
+    tree["model"] = {"name": model["name"] if named else Path(checkpoint).name}
+    tree["model"]["checkpoint"] = checkpoint
+    if isinstance(task, dict) and task.get("name") == "dataset" and not task.get("tokenizer"):
+        task["tokenizer"] = checkpoint
 
 
 def _is_run(d: Path, files: set[str]) -> bool:
@@ -253,69 +286,6 @@ def _read_run(d: Path, name: str) -> Run:
         error = f"error.txt cannot be read ({err})"
     damage = "; ".join(x for x in (problem, bad_rows, bad_config) if x) or None
     return Run(d, name, config, rows, error, damage)
-
-
-def sweep_axes(runs: list[Run]) -> list[str]:
-    """The config keys that vary across the runs: what a comparison groups by.
-
-    A group's other keys (model.hidden_size, ...) that follow from its `name` are left out;
-    the fixes are one axis, `fixes` ('all on', '-batch_invariant_gemm', ...).
-    """
-    flats = [r.flat for r in runs]
-    keys = sorted({k for f in flats for k in f})
-    varying = [
-        k
-        for k in keys
-        if not k.startswith(NOT_AXES) and len({json.dumps(f.get(k)) for f in flats}) > 1
-    ]
-    out = []
-    for key in varying:
-        group, _, leaf = key.rpartition(".")
-        if leaf != "name" and f"{group}.name" in varying:
-            by_name: dict[Any, set[str]] = {}
-            for f in flats:
-                by_name.setdefault(f.get(f"{group}.name"), set()).add(json.dumps(f.get(key)))
-            if all(len(v) == 1 for v in by_name.values()):
-                continue
-        out.append(key)
-    if len({r.fixes for r in runs}) > 1:
-        out.append("fixes")
-    return out
-
-
-# The settings a reader needs to know the runs by; those equal across all runs head the page.
-CONTEXT_KEYS = (
-    "model.name",
-    "precision.name",
-    "kv.mode",
-    "layout.name",
-    "engine.backend",
-    "device",
-    "task.name",
-    "rl.steps",
-    "seed",
-    "zero_train_gen_mismatch",
-)
-
-
-def common_settings(runs: list[Run]) -> dict[str, str]:
-    """The context keys (and the fixes) that every run with a config shares."""
-    known = [r for r in runs if r.config]
-    if not known:
-        return {}
-    out = {}
-    for key in (*CONTEXT_KEYS, "fixes"):
-        values = {axis_value(r, key) for r in known}
-        if len(values) == 1 and values != {""}:
-            out[key] = values.pop()
-    return out
-
-
-def axis_value(run: Run, axis: str) -> str:
-    if axis == "fixes":
-        return run.fixes
-    value = run.flat.get(axis)
-    return "" if value is None else str(value)
 
 
 def summary(run: Run) -> dict[str, Any]:

@@ -12,14 +12,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zkl.invariance import FIXES
-from zkl.report.runs import Run, Sources, axis_value, common_settings, summary, sweep_axes
+from zkl.report.axes import axis_value, common_settings, headings, short, sweep_axes
+from zkl.report.runs import Run, Sources, summary
 
-RUN_COLUMNS = [
-    ("steps", "steps"),
+# The mismatch first: on a narrow screen these stay in view beside the run's name.
+MISMATCH_COLUMNS = [
     ("kl_final", "gen_kl_error final"),
     ("kl_mean", "gen_kl_error mean"),
     ("kl_max", "gen_kl_error max"),
     ("zero_steps", "steps exactly 0"),
+]
+RUN_COLUMNS = [
+    ("steps", "steps"),
     ("max_abs_diff", "max |lp diff|"),
     ("bitwise_min", "min bitwise frac"),
     ("reward_final", "reward final"),
@@ -27,6 +31,9 @@ RUN_COLUMNS = [
 ]
 
 
+_BREAK_AFTER = re.compile(r"([,/.])")
+_HEADER_BREAK_AFTER = re.compile(r"([,/._])")
+LONG = 24  # a cell of more characters may wrap; a shorter one (a name, a number) never does
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
 
 
@@ -62,13 +69,17 @@ class Table:
     note: str = ""
 
     def to_html(self, table_id: str) -> str:
-        head = "".join(f"<th>{html.escape(h)}</th>" for h in self.headers)
+        head = "".join(f"<th>{_breakable(h, _HEADER_BREAK_AFTER)}</th>" for h in self.headers)
         body = []
         for row in self.rows:
             cells = []
             for c in row:
                 attr = f' data-value="{c.value!r}"' if c.value is not None else ""
-                cells.append(f"<td{attr}>{html.escape(c.text)}</td>")
+                if c.value is None and len(c.text) > LONG:
+                    attr, text = " class='wrap'", _breakable(c.text)
+                else:
+                    text = html.escape(c.text)
+                cells.append(f"<td{attr}>{text}</td>")
             body.append("<tr>" + "".join(cells) + "</tr>")
         note = f"<p class='note'>{html.escape(self.note)}</p>" if self.note else ""
         return (
@@ -88,6 +99,12 @@ class Table:
         return "\n".join(lines)
 
 
+def _breakable(text: str, after: re.Pattern = _BREAK_AFTER) -> str:
+    """Escaped text that may wrap after `,` `/` `.` (a header also after `_`): a long name
+    never widens a column."""
+    return after.sub(r"\1<wbr>", html.escape(text))
+
+
 def _sort_value(run: Run, axis: str) -> tuple[int, str]:
     value = axis_value(run, axis)
     return (0 if axis == "fixes" and value == "all on" else 1, value)  # the baseline first
@@ -100,17 +117,81 @@ def ordered(runs: list[Run], axes: list[str]) -> list[Run]:
 
 def runs_table(runs: list[Run]) -> Table:
     axes = sweep_axes(runs)
-    headers = ["run", *axes, "status", *(title for _, title in RUN_COLUMNS), "error"]
+    summaries = {r.name: summary(r) for r in runs}
+    shown = [c for c in RUN_COLUMNS if any(s[c[0]] is not None for s in summaries.values())]
+    headers = ["run", *(title for _, title in MISMATCH_COLUMNS), *headings(axes), "status"]
+    headers += [title for _, title in shown]
     table = Table("Runs", headers)
     for run in ordered(runs, axes):
-        s = summary(run)
-        row = [Cell(run.name), *(Cell(axis_value(run, a)) for a in axes), Cell(run.status)]
-        row += [cell(s[key]) for key, _ in RUN_COLUMNS]
-        row.append(Cell(run.reason))
+        s = summaries[run.name]
+        row = [Cell(run.name), *(cell(s[key]) for key, _ in MISMATCH_COLUMNS)]
+        row += [*(Cell(axis_value(run, a)) for a in axes), Cell(run.status)]
+        row += [cell(s[key]) for key, _ in shown]
         table.rows.append(row)
     zero = sum(1 for r in runs if r.rows and not r.damage and summary(r)["kl_max"] == 0.0)
     table.note = f"{zero} of {len(runs)} runs have gen_kl_error exactly 0 at every step."
+    if any(r.status != "complete" for r in runs):
+        table.note += " Why a run failed or is incomplete: the table of those runs below."
     return table
+
+
+def all_zero(runs: list[Run]) -> bool:
+    """Every logged gen_kl_error of every run is exactly 0 (and some run logged one)."""
+    series = [r.series() for r in runs if r.rows]
+    return any(series) and all(v == 0.0 for kl in series for v in kl)
+
+
+def column_axis(axes: list[str]) -> str | None:
+    """The grid's column: the fixes when they vary (the contrast they make), else the last."""
+    if not axes:
+        return None
+    return "fixes" if "fixes" in axes else axes[-1]
+
+
+def grid_table(runs: list[Run]) -> Table | None:
+    """Each run's max gen_kl_error laid out by axis: "exactly 0" where every step was 0.
+
+    Rows are the beds (the values of every axis but one), columns the last axis (the fixes
+    when they vary), so a sweep that is exactly 0 throughout reads as a grid of "exactly 0"
+    and a contrast (zero mode off) sits beside it.
+    """
+    runs = [r for r in runs if r.config]  # a run without one has no place on the axes
+    axes = sweep_axes(runs)
+    across = column_axis(axes)
+    if across is None:
+        return None
+    down = [a for a in axes if a != across]
+    columns = sorted({axis_value(r, across) for r in runs}, key=lambda v: (v != "all on", v))
+    beds: dict[tuple[str, ...], dict[str, list[Run]]] = {}
+    for r in ordered(runs, down):
+        bed = tuple(axis_value(r, a) for a in down)
+        beds.setdefault(bed, {}).setdefault(axis_value(r, across), []).append(r)
+    headers = [*(short(a) for a in down), *(f"{short(across)}: {c or '(none)'}" for c in columns)]
+    table = Table("gen_kl_error max, bed by axis", headers)
+    for bed, by_value in beds.items():
+        table.rows.append([*map(Cell, bed), *(_grid_cell(by_value.get(c, [])) for c in columns)])
+    table.note = (
+        '"exactly 0": every logged step of that run had gen_kl_error == 0.0 (bitwise-equal '
+        "logprobs); a number is the run's largest gen_kl_error; several runs in a cell are "
+        "joined by ';'."
+    )
+    return table
+
+
+def _grid_cell(runs: list[Run]) -> Cell:
+    texts, values = [], []
+    for r in runs:
+        s = summary(r)
+        if not r.rows or s["kl_max"] is None:
+            texts.append(r.status)
+        elif s["kl_max"] == 0.0:
+            texts.append(f"exactly 0 ({s['steps']} steps)")
+            values.append(0.0)
+        else:
+            texts.append(fmt(s["kl_max"]))
+            values.append(s["kl_max"])
+    value = values[0] if len(values) == 1 and len(runs) == 1 else None
+    return Cell("; ".join(texts), value)
 
 
 def failed_table(runs: list[Run]) -> Table | None:
@@ -204,6 +285,8 @@ def all_tables(sources: Sources) -> list[tuple[str, Table]]:
     """(id, table) of every table the report shows, in page order."""
     settings = settings_table(sources.runs)
     out = [("settings", settings)] if settings else []
+    grid = grid_table(sources.runs)
+    out += [("grid", grid)] if grid else []
     out += [("runs", runs_table(sources.runs))] if sources.runs else []
     for table_id, extra in (
         ("failed", failed_table(sources.runs)),

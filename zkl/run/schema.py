@@ -7,7 +7,6 @@ a misspelt key fails with Hydra's own error (and one added with `+`, in `to_obje
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from zkl.data.config import TaskConfig
 from zkl.distributed.config import TrainerConfig
@@ -17,11 +16,12 @@ from zkl.invariance import FixesConfig
 from zkl.layouts.config import LayoutConfig
 from zkl.models.config import ModelConfig
 from zkl.precision.config import PrecisionConfig
+from zkl.resources import conf_dir
 from zkl.rl.config import RLConfig
 from zkl.state.config import CheckpointConfig
 from zkl.tracking.config import TrackingConfig
 
-CONF_DIR = Path(__file__).resolve().parent.parent.parent / "conf"  # the group options (YAML)
+CONF_DIR = conf_dir()  # the group options (YAML), in a checkout or an installed wheel
 
 
 @dataclass

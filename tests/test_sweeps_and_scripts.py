@@ -27,6 +27,7 @@ SMALLER = {
     "fix_ablation": ["+precision=mxfp8"],  # still all nine fixes
     "precision_matrix": ["model=tiny_moe"],  # still every arm, precision and kv mode
     "cert_beds": ["cert.steps=2", "cert.models=[tiny_moe]", "cert.precisions=[mxfp8]"],
+    "mismatch_treatments": ["+treatment=zero,token_tis,fp16_zero,moe_replay"],  # of 12 arms
 }
 
 

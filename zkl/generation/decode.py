@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import torch
 
 from zkl import ops
+from zkl.generation import routes
 from zkl.generation.kv_cache import KVCache
 from zkl.generation.sampling import gumbel_max, processed_logits
 from zkl.generation.slots import SlotState
@@ -56,9 +57,19 @@ class Sampler:
         self, state: SlotState, rows: torch.Tensor, logits: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """logits [B, V] of the slot rows [B] -> (next token [B], its logprob [B] fp32)."""
+        next_tokens, logprobs, _ = self.sample(state, rows, logits)
+        return next_tokens, logprobs
+
+    def sample(
+        self, state: SlotState, rows: torch.Tensor, logits: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(next token [B], its reported logprob [B], its logprob under the filtered,
+        renormalised distribution it was drawn from [B]); without a filter the last two are
+        the same tensor."""
         count, temps = state.count[rows], state.temperature[rows]
         raw_logprobs = is_enabled("logprob_path")
-        if raw_logprobs and not (self.top_k or self.top_p):  # the sampler divides, in one pass
+        filtered = self.top_k or self.top_p
+        if raw_logprobs and not filtered:  # the sampler divides, in one pass
             next_tokens = gumbel_max(logits, state.seed[rows], count, temperature=temps)
         else:
             scores = processed_logits(
@@ -73,13 +84,28 @@ class Sampler:
         else:  # what a fast engine reports: processed logits, log-softmax in the model dtype
             logp = torch.log_softmax(scores.to(logits.dtype), dim=-1)
             logprobs = logp.gather(-1, next_tokens.unsqueeze(-1)).squeeze(-1).float()
-        return next_tokens, logprobs
+        if not filtered:
+            return next_tokens, logprobs, logprobs
+        raw = logprobs
+        if not raw_logprobs:
+            raw = ops.token_logprobs(logits, next_tokens, temps.unsqueeze(-1))
+        return next_tokens, logprobs, raw - kept_log_mass(logits, scores, temps)
 
     def take(self, state: SlotState, rows: torch.Tensor, logits: torch.Tensor) -> None:
         """Sample the rows' next tokens from logits [B, V] and commit them to the state
         (output, count, next input, done at EOS or the limit); finished rows idle."""
-        next_tokens, logprobs = self(state, rows, logits)
+        next_tokens, logprobs, lp_sampled = self.sample(state, rows, logits)
+        if self.top_k or self.top_p:  # unfiltered, lp_sampled is the logprob (engine._retire)
+            state.record(rows, state.out_lp_sampled, lp_sampled)
         ops.commit_samples(state, rows, next_tokens, logprobs, self.eos_id)
+
+
+def kept_log_mass(logits: torch.Tensor, scores: torch.Tensor, temps: torch.Tensor) -> torch.Tensor:
+    """log of the probability mass [B] the top-k / top-p filter keeps of softmax(logits / T),
+    clamped to <= 0: subtracting it from a raw logprob gives the filtered, renormalised one,
+    never below the raw one, and exactly the raw one where the filter keeps everything."""
+    whole = torch.logsumexp(logits.float() / temps.unsqueeze(-1), dim=-1)
+    return (torch.logsumexp(scores, dim=-1) - whole).clamp(max=0.0)
 
 
 def decode_one_token(
@@ -93,5 +119,6 @@ def decode_one_token(
     tokens = state.token[rows].unsqueeze(1)  # [B, 1]
     positions = state.pos[rows].unsqueeze(1)  # [B, 1]
     logits = model(tokens, positions, cache, rows)[:, 0]  # [B, V]
-    next_tokens, logprobs = sampler(state, rows, logits)
-    ops.commit_samples(state, rows, next_tokens, logprobs, sampler.eos_id)
+    if getattr(cache, "routes", None) is not None:  # routing replay records each route
+        routes.store(cache.routes, rows, positions, ~state.done[rows])
+    sampler.take(state, rows, logits)

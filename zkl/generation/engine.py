@@ -18,6 +18,7 @@ from functools import partial
 
 import torch
 
+from zkl.generation import routes
 from zkl.generation.config import EngineConfig, KVConfig
 from zkl.generation.decode import GenerationModel, Sampler, decode_one_token
 from zkl.generation.graphs import BucketedDecode, graphs_on
@@ -48,6 +49,12 @@ class Completion:
     logprobs: torch.Tensor  # fp32 [len(tokens)], on the CPU
     finish_reason: str  # "eos" | "length"
     weight_version: int
+    # fp32 [len(tokens)]: the logprob under the filtered (top-k / top-p) distribution sampled
+    # from; bitwise `logprobs` when no filter is on (the behaviour policy of the corrections)
+    lp_sampled: torch.Tensor | None = None
+    # [len(prompt) + len(tokens), MoE layers, k] int8/int16 expert ids the gen path chose at
+    # each position, -1 where none was computed (`engine.record_routes`, routing replay)
+    routes: torch.Tensor | None = None
 
 
 @dataclass
@@ -81,6 +88,7 @@ class GenerationEngine:
         prefix_cache_blocks: int = EngineConfig.prefix_cache_blocks,
         sync_every: int = EngineConfig.sync_every,
         cuda_graphs: str = EngineConfig.cuda_graphs,
+        record_routes: bool = False,
     ):
         """The knobs are `engine.*` and `kv.mode`, with the config's defaults (one answer)."""
         self.model = model
@@ -89,6 +97,7 @@ class GenerationEngine:
         self.kv_mode = kv_mode
         self.prefill_chunk = prefill_chunk
         self.sync_every = sync_every or (8 if self.device.type == "cuda" else 1)  # 0: auto
+        self.record_routes = record_routes  # each position's experts (MoE, routing replay)
         self.prefix_cache = PrefixCache(prefix_cache_blocks) if kv_mode == "persist" else None
         self.weight_version = 0
         self.quant_cache: dict[int, torch.Tensor] = {}  # quantized weights, filled lazily
@@ -141,6 +150,7 @@ class GenerationEngine:
             top_p=any(r.params.top_p < 1 for r in requests),
             eos_id=self.eos_id,
         )
+        self._sampler = sampler  # `_retire` reads whether it filtered
         if self.decoder is None:
             cache, state = self.new_buffers(max_len, max_new)
         else:
@@ -149,7 +159,8 @@ class GenerationEngine:
         free = list(range(self.max_batch_size - 1, -1, -1))
         running: dict[int, Request] = {}
         done: dict[int, Completion] = {}
-        with weight_cache(self.quant_cache):
+        tape = routes.RouteTape() if self.record_routes else None
+        with weight_cache(self.quant_cache), routes.taping(tape):
             if self.decoder is not None:  # every slot is free here, as a capture needs
                 step = partial(decode_one_token, self.model, cache, state, sampler=sampler)
                 self.decoder.prepare(step, self._graph_key(sampler), self.device)
@@ -161,11 +172,13 @@ class GenerationEngine:
                     stats.joined_running += len(admitted) if running else 0
                     self._prefill(cache, state, admitted, sampler, stats)
                     running.update(admitted)
-                    self._retire(state, running, free, done, stats)
+                    self._retire(cache, state, running, free, done, stats)
                 if running:
                     t0 = time.perf_counter()
                     self._decode(cache, state, running, free, sampler, stats)
-                    self._retire(state, running, free, done, stats)  # reads the device: a sync
+                    self._retire(
+                        cache, state, running, free, done, stats
+                    )  # reads the device: a sync
                     stats.decode_s += time.perf_counter() - t0
         return [done[r.request_id] for r in requests]
 
@@ -201,6 +214,13 @@ class GenerationEngine:
     def new_buffers(self, max_len: int, max_new: int) -> tuple[KVCache, SlotState]:
         """The model's decode cache and the slot state, sized for one generate call."""
         cache = self.model.make_cache(self.max_batch_size, max_len)
+        cache.routes = None
+        if self.record_routes:  # [slots, positions, MoE layers, k]
+            cfg = self.model.cfg
+            layers = sum(cfg.layer_is_moe(i) for i in range(cfg.num_hidden_layers))
+            shape = (self.max_batch_size, max_len, layers, cfg.num_experts_per_tok)
+            dtype = routes.route_dtype(cfg.num_experts)
+            cache.routes = torch.full(shape, -1, dtype=dtype, device=self.device)
         return cache, SlotState(self.max_batch_size, max_new, self.device)
 
     def _static_buffers(self, max_len: int, max_new: int) -> tuple[KVCache, SlotState]:
@@ -230,7 +250,7 @@ class GenerationEngine:
         fixes = tuple(name for name in FIXES if is_enabled(name))
         return (self.max_batch_size, sampler, fixes, params)
 
-    def _retire(self, state: SlotState, running: dict, free: list[int], done: dict, stats):
+    def _retire(self, cache, state: SlotState, running: dict, free: list[int], done: dict, stats):
         """The host's look at the device state: move finished requests out of their slots."""
         slots = list(running)
         finished = [s for s, d in zip(slots, state.done[slots].tolist()) if d]
@@ -239,6 +259,9 @@ class GenerationEngine:
         counts = state.count[finished].tolist()
         tokens = state.out_tokens[finished].tolist()
         logprobs = state.out_logprobs[finished].cpu()
+        filtered = self._sampler.top_k or self._sampler.top_p
+        lp_sampled = state.out_lp_sampled[finished].cpu() if filtered else logprobs
+        taken = None if cache.routes is None else cache.routes[finished].cpu()
         for i, slot in enumerate(finished):
             request = running.pop(slot)
             free.append(slot)
@@ -251,5 +274,15 @@ class GenerationEngine:
                 logprobs[i, : counts[i]].clone(),
                 reason,
                 self.weight_version,
+                lp_sampled[i, : counts[i]].clone(),
+                None if taken is None else _routes_of(taken[i], len(request.prompt), counts[i]),
             )
             stats.generated_tokens += counts[i]
+
+
+def _routes_of(taken: torch.Tensor, prompt_len: int, count: int) -> torch.Tensor:
+    """A slot's routes [positions, L, k] for its prompt and response: the last token was never
+    an input, so it has none (-1)."""
+    out = taken[: prompt_len + count].clone()
+    out[-1] = -1
+    return out

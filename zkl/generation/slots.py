@@ -27,6 +27,8 @@ class SlotState:
         self.top_p = zeros(num_slots, dtype=torch.float32)
         self.out_tokens = zeros(num_slots, max_new)
         self.out_logprobs = zeros(num_slots, max_new, dtype=torch.float32)
+        # the logprob under the filtered (top-k / top-p), renormalised distribution sampled from
+        self.out_lp_sampled = zeros(num_slots, max_new, dtype=torch.float32)
 
     def admit(self, slots: torch.Tensor, params: list[SamplingParams], last_pos: list[int]):
         """Reset the rows of `slots` for new requests whose last prompt token is at `last_pos`."""
@@ -43,3 +45,11 @@ class SlotState:
         put(self.top_k, [p.top_k for p in params])
         put(self.temperature, [p.temperature for p in params])
         put(self.top_p, [p.top_p for p in params])
+
+    def record(self, rows: torch.Tensor, out: torch.Tensor, values: torch.Tensor) -> None:
+        """values [B, ...] into output `out` [slots, max_new, ...] at each live row's next
+        column (call before `ops.commit_samples` advances the count); device ops only."""
+        live = ~self.done[rows]
+        column = self.count[rows].clamp(max=out.shape[1] - 1)
+        live = live.view(-1, *([1] * (values.dim() - 1)))
+        out[rows, column] = torch.where(live, values.to(out.dtype), out[rows, column])

@@ -19,7 +19,8 @@ files and one line in `zkl.models.registry`:
   are read from the model (`zkl.models.fused`), not listed here.
 - `cache`: the gen path's cache kind: "kv" (K/V per attention layer) or "hybrid" (K/V and
   Mamba state).
-- `capabilities`: features the family may use: "moe", "mamba", "sinks", "sliding_window".
+- `capabilities`: features the family may use: "moe", "mamba", "sinks", "sliding_window",
+  "route_replay" (its MoE layers replay the generator's routes, `rl.routing_replay`).
 - `megatron`: whether `zkl.megatron` maps the family onto megatron-core.
 - `modules`: the family's own source files under `zkl/` (with the registry, the only files
   that may name the family; tests/test_families.py greps for it).
@@ -35,7 +36,7 @@ from torch import nn
 
 from zkl.models.config import ModelConfig
 
-CAPABILITIES = ("moe", "mamba", "sinks", "sliding_window")
+CAPABILITIES = ("moe", "mamba", "sinks", "sliding_window", "route_replay")
 CACHE_KINDS = ("kv", "hybrid")
 
 

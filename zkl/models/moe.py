@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from zkl import ops
+from zkl.generation import routes
 
 
 def fixed_route(
@@ -34,6 +35,42 @@ def fixed_route(
             total = total + top_w[:, s]
         top_w = top_w / total.unsqueeze(-1)
     return top_i, top_w
+
+
+def taped_route(
+    x: torch.Tensor,
+    gate_weight: torch.Tensor,
+    top_i: torch.Tensor,
+    top_w: torch.Tensor,
+    norm_topk_prob: bool,
+    fixed: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer's own route (top_i, top_w [N, k]) as the active route tape has it
+    (`zkl.generation.routes`): recorded and returned unchanged, or replayed: the tape's expert
+    ids (own ones where it has none) weighted by this router's probabilities of them,
+    renormalised as the router renormalises (R3: the gate stays differentiable, the choice is
+    the generator's). No tape: unchanged."""
+    tape = routes.active()
+    if tape is None:
+        return top_i, top_w
+    given = tape.visit(top_i)
+    if given is None:
+        return top_i, top_w
+    ids = torch.where(given >= 0, given, top_i)
+    if fixed:
+        probs = ops.softmax(ops.linear(x.float(), gate_weight.float(), None))
+    else:
+        probs = torch.softmax(ops.linear(x, gate_weight.to(x.dtype), None).float(), dim=-1)
+    weights = probs.gather(-1, ids)
+    if norm_topk_prob:
+        if fixed:  # the fixed router's sum: slot by slot
+            total = weights[:, 0]
+            for s in range(1, weights.shape[-1]):
+                total = total + weights[:, s]
+            weights = weights / total.unsqueeze(-1)
+        else:
+            weights = weights / weights.sum(-1, keepdim=True)
+    return ids, weights
 
 
 def group_by_expert(top_i: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -92,6 +92,6 @@ QWEN3_MOE = Family(
     model_types=("qwen3_moe",),
     architectures=("Qwen3MoeForCausalLM",),
     validate=_validate_moe,
-    capabilities=frozenset({"moe"}),
+    capabilities=frozenset({"moe", "route_replay"}),
     **_COMMON,
 )

@@ -16,7 +16,7 @@ from zkl.invariance import is_enabled
 from zkl.models.causal_lm import CausalLM
 from zkl.models.config import ModelConfig, check_positions
 from zkl.models.fused import init_order
-from zkl.models.moe import combine, fixed_route, group_by_expert, run_experts
+from zkl.models.moe import combine, fixed_route, group_by_expert, run_experts, taped_route
 from zkl.models.rope import inverse_frequencies
 from zkl.precision import RecipeLinear, linear_weight_and_input, quantizes
 
@@ -210,8 +210,9 @@ class SparseMoE(nn.Module):
         """`expert_order` (tests only) adds the groups in another order, as GPU atomics may."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])  # [N, H]
-        top_i, top_w = self.route(x)
         fixed = is_enabled("moe_combine_order")
+        top_i, top_w = self.route(x)
+        top_i, top_w = taped_route(x, self.gate.weight, top_i, top_w, self.norm_topk_prob, fixed)
         if self.runs_one_call_per_expert:
             out = run_experts(x, top_i, top_w, list(self.experts), fixed, expert_order)
             return out.reshape(shape)

@@ -49,7 +49,7 @@ from zkl.precision.fp8_tensor import fake_quantize_fp8_tensor
 from zkl.precision.mx import fake_quantize_mxfp8
 from zkl.switch import Switch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # The active generation-side cache of quantized weights (None: quantize on every call).
 _WEIGHT_CACHE: Switch[dict[int, torch.Tensor] | None] = Switch("weight_cache", None)

@@ -13,7 +13,7 @@ MX_BLOCK = 32  # an MXFP8 scale covers 32 elements along K
 @dataclass
 class PrecisionConfig:
     name: str = "bf16"
-    compute_dtype: str = "bfloat16"  # bfloat16 | float32
+    compute_dtype: str = "bfloat16"  # bfloat16 | float16 (zkl/precision/fp16.py) | float32
     linear_quant: str = "none"  # none | mxfp8 | fp8_tensor
     master_weights_fp32: bool = True  # fp32 copy for the optimizer when compute is bf16
     native: bool = False  # native MXFP8 GEMMs (Transformer Engine on Blackwell)
@@ -22,9 +22,10 @@ class PrecisionConfig:
 def check(precision: PrecisionConfig, model: Any) -> None:
     """One sentence naming the precision.* key that cannot work, or the `model.*` size that
     MXFP8's 32-element blocks cannot tile."""
-    if precision.compute_dtype not in ("bfloat16", "float32"):
+    if precision.compute_dtype not in ("bfloat16", "float16", "float32"):
         raise ConfigError(
-            f"precision.compute_dtype={precision.compute_dtype!r} must be bfloat16 or float32."
+            f"precision.compute_dtype={precision.compute_dtype!r} must be bfloat16, float16 or "
+            "float32."
         )
     if precision.linear_quant not in ("none", "mxfp8", "fp8_tensor"):
         raise ConfigError(

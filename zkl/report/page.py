@@ -17,6 +17,7 @@ from plotly.colors import qualitative
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
+from zkl.report import treatments
 from zkl.report.axes import labels, sweep_axes
 from zkl.report.runs import KL, Run, Sources
 from zkl.report.tables import Table, ablation, all_tables, all_zero, ordered
@@ -214,6 +215,17 @@ def _figure_html(fig: go.Figure, div_id: str) -> str:
     return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id)
 
 
+def treatment_section(sources: Sources) -> list[str]:
+    """The treatment comparison (zkl/report/treatments.py): its table and per-step figures."""
+    runs = treatments.arms(sources)
+    if not runs:
+        return []
+    parts = ["<h2>Treatments</h2>", treatments.treatment_table(runs).to_html("treatments")]
+    for div, fig in treatments.figures(runs, zero_band_figure):
+        parts.append(_figure_html(fig, div))
+    return parts
+
+
 def _table_html(table_id: str, table: Table) -> str:
     return f"<h2>{html.escape(table.title)}</h2>{table.to_html(table_id)}"
 
@@ -243,6 +255,7 @@ def render(sources: Sources, title: str, source_paths: list[str]) -> str:
     ):
         if fig is not None:
             parts.append(_figure_html(fig, div_id))
+    parts += treatment_section(sources)
     data = ablation(sources.runs)
     for table_id, table in tables:
         if zero and table_id == "grid":

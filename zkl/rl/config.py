@@ -3,10 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from zkl.errors import ConfigError, positive
 
 MAX_SAMPLES_PER_STEP = 2**20  # rl.prompts_per_step * rl.samples_per_prompt
+CORRECTION_MODES = ("none", "token_tis", "token_mis", "seq_tis", "seq_mis", "geo_mis", "icepop")
+
+
+@dataclass
+class CorrectionConfig:
+    """`rl.correction`: how the update corrects for the generator's logprobs differing from
+    the train path's (docs/treatments.md). `cap`: the TIS truncation and the MIS upper bound;
+    `low`..`high`: the band of icepop (token ratio) and geo_mis (geometric mean)."""
+
+    mode: str = "none"  # none | token_tis | token_mis | seq_tis | seq_mis | geo_mis | icepop
+    cap: float = 2.0
+    low: float = 0.5
+    high: float = 5.0
+    behavior: str = "raw"  # raw | sampled: the generator's logprob the ratio divides by
 
 
 @dataclass
@@ -26,6 +41,12 @@ class RLConfig:
     # the last one; 0: off. val_prompts caps the validation problems (0: the whole split).
     val_every: int = 0
     val_prompts: int = 0
+    correction: CorrectionConfig = field(default_factory=CorrectionConfig)
+    # MoE: the trainer's forwards use the experts the generator chose (R3, docs/treatments.md)
+    routing_replay: bool = False
+    # MoE: record the generator's routes and log how many the trainer's router changes,
+    # without replaying them (the baseline of routing_replay)
+    record_routes: bool = False
 
 
 def check(rl: RLConfig) -> None:
@@ -42,6 +63,7 @@ def check(rl: RLConfig) -> None:
         raise ConfigError(f"rl.weight_decay={rl.weight_decay} must be >= 0.")
     if len(rl.betas) != 2 or not all(0 <= b < 1 for b in rl.betas):
         raise ConfigError(f"rl.betas={list(rl.betas)} must be two numbers in [0, 1).")
+    check_correction(rl.correction)
     samples = rl.prompts_per_step * rl.samples_per_prompt
     if samples > MAX_SAMPLES_PER_STEP:
         raise ConfigError(
@@ -52,4 +74,47 @@ def check(rl: RLConfig) -> None:
         raise ConfigError(
             f"rl.num_minibatches={rl.num_minibatches} is more than the {samples} samples of a "
             "step (rl.prompts_per_step * rl.samples_per_prompt)."
+        )
+
+
+def check_correction(c: CorrectionConfig) -> None:
+    """One sentence naming the rl.correction.* key whose value no correction can use."""
+    if c.mode not in CORRECTION_MODES:
+        raise ConfigError(
+            f"rl.correction.mode={c.mode!r} is not one of {', '.join(CORRECTION_MODES)}."
+        )
+    if c.behavior not in ("raw", "sampled"):
+        raise ConfigError(f"rl.correction.behavior={c.behavior!r} must be raw or sampled.")
+    if not c.cap > 0:
+        raise ConfigError(f"rl.correction.cap={c.cap} must be > 0.")
+    if not 0 <= c.low <= c.high:
+        raise ConfigError(
+            f"rl.correction.low={c.low} and rl.correction.high={c.high} must satisfy "
+            "0 <= low <= high."
+        )
+
+
+def check_treatments(cfg: Any, replays: bool) -> None:
+    """The treatments' checks that span parts (the whole config, duck-typed: a leaf): routing
+    replay needs a native model whose family replays routes (`replays`, the registry's
+    `route_replay` capability: Qwen3-MoE), as a dedicated or colocated generator records its
+    routes only there."""
+    if not (cfg.rl.routing_replay or cfg.rl.record_routes):
+        return
+    if not cfg.model.is_moe:
+        raise ConfigError(
+            f"rl.routing_replay=true (or rl.record_routes) needs a mixture-of-experts model, "
+            f"but model.name={cfg.model.name!r} is dense; choose model=tiny_moe or set "
+            "rl.routing_replay=false."
+        )
+    if not replays or cfg.engine.backend != "native":
+        raise ConfigError(
+            "rl.routing_replay=true supports the native qwen3_moe family only (model.family="
+            f"{cfg.model.family!r}, engine.backend={cfg.engine.backend!r}); set "
+            "rl.routing_replay=false."
+        )
+    if cfg.trainer.world_size > 1:
+        raise ConfigError(
+            f"rl.routing_replay=true runs with one trainer rank, not trainer.world_size="
+            f"{cfg.trainer.world_size}; set trainer.world_size=1 or rl.routing_replay=false."
         )

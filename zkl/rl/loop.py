@@ -33,7 +33,9 @@ from zkl.state import sharded as sharded_checkpoint
 from zkl.state.resume import prepare as prepare_resume
 from zkl.tracking.run_log import NullLog, RunLog, read_metrics
 from zkl.trainer.build import build_policy
+from zkl.trainer.correction import behavior_logprobs, correction_weights, diagnostics
 from zkl.trainer.policy import Policy
+from zkl.trainer.scoring import route_mismatch
 from zkl.trainer.update import UpdateBatch
 
 TIMING_PREFIXES = ("timing/", "perf/")
@@ -70,6 +72,7 @@ def token_records(step: int, completions, lp_train, rewards, limit: str) -> list
             "prompt": c.prompt,
             "response": c.tokens,
             "lp_gen": c.logprobs.tolist(),
+            "lp_sampled": c.lp_sampled.tolist(),
             "lp_train": lp.tolist(),
             "reward": r,
         }
@@ -185,7 +188,8 @@ def train_step(
     prompts = [c.prompt for c in completions]
     responses = [c.tokens for c in completions]
     temps = [r.params.temperature for r in requests]
-    lp_train = policy.score(prompts, responses, temps)
+    routes = [c.routes for c in completions] if cfg.rl.routing_replay else None
+    lp_train = policy.score(prompts, responses, temps, routes)
     t2 = time.perf_counter()
     lp_gen = torch.cat([c.logprobs for c in completions])
     lp_train_flat = torch.cat(lp_train)
@@ -202,7 +206,13 @@ def train_step(
         ) from None
     reward_t = torch.tensor(rewards)
     advantages = group_advantages(reward_t, group)
-    batch = UpdateBatch(prompts, responses, lp_train, advantages, temps)
+    lp_behavior = behavior_logprobs(completions, cfg.rl.correction.behavior)
+    weights = correction_weights(lp_train, lp_behavior, cfg.rl.correction)
+    row.update(diagnostics(lp_train, lp_behavior, weights))
+    batch = UpdateBatch(prompts, responses, lp_train, advantages, temps, weights, routes)
+    if cfg.rl.routing_replay or cfg.rl.record_routes:  # before the update moves the router
+        recorded = [c.routes for c in completions]
+        row.update(route_mismatch(policy.model, prompts, responses, recorded, policy.device))
     row.update(policy.update(batch))
     t3 = time.perf_counter()
     generator.refit(policy.refit_state(), policy.version)

@@ -21,7 +21,9 @@ from zkl.generation.graphs import graph_unsupported_reason
 from zkl.megatron.check import engine_problem
 from zkl.megatron.mapping import ENGINES
 from zkl.memory import check_memory
-from zkl.models.registry import validate_model
+from zkl.models.registry import family, validate_model
+from zkl.precision.fp16 import check_fp16
+from zkl.rl.config import check_treatments
 from zkl.run.checks import check_parts
 from zkl.run.schema import ZklConfig
 from zkl.tracking.wandb_run import online_problem
@@ -39,6 +41,8 @@ def validate(
     on_cuda = _check_device(cfg)
     _check_backend(cfg, on_cuda)
     _check_graphs(cfg, on_cuda)
+    check_treatments(cfg, replays="route_replay" in family(cfg.model).capabilities)
+    check_fp16(cfg)  # the fp16 recipe with the rest of the config
     problem = online_problem(cfg.tracking.wandb)
     if problem:
         raise ConfigError(problem)

@@ -70,6 +70,7 @@ class LocalPolicy(Policy):
             "masters": self.masters.state(),
             "optimizer": self.optimizer.state_dict(),
             "version": self.version,
+            "loss_scaler": None if self.scaler is None else self.scaler.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -80,6 +81,8 @@ class LocalPolicy(Policy):
                     m.copy_(saved)
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = state["version"]
+        if self.scaler is not None and state.get("loss_scaler"):
+            self.scaler.load_state_dict(state["loss_scaler"])
 
     def refit_state(self) -> dict[str, torch.Tensor]:
         """The model's own tensors (shared storage, no copy)."""
@@ -94,6 +97,11 @@ class LocalPolicy(Policy):
     def _step(self, update_sq: torch.Tensor) -> tuple[float, torch.Tensor]:
         """Clip the gradient, step AdamW (on the fp32 masters, copied into the model)."""
         self.masters.take_grads()
+        if self.scaler is not None:  # fp16: the gradients unscaled, or no step on an overflow
+            finite = self.scaler.unscale(self.masters.tensors)
+            self.scaler.update(finite)
+            if not finite:  # a smaller scale next time
+                return 0.0, update_sq
         grad_norm = torch.nn.utils.clip_grad_norm_(self.masters.tensors, self.cfg.rl.grad_clip)
         with torch.no_grad():
             update_sq = self.masters.step(self.optimizer, update_sq)

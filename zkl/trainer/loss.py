@@ -14,6 +14,7 @@ def clipped_pg_loss(
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     num_tokens: int | None = None,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Token-mean clipped surrogate (as NeMo-RL's ClippedPGLossFn), all tensors [B, T].
 
@@ -21,11 +22,15 @@ def clipped_pg_loss(
     `advantages` [B] broadcast over each sequence's tokens. Optional k3 KL penalty against
     `ref_logprobs`. `num_tokens`: the mean's denominator when these rows are one rank's
     share of a minibatch (the minibatch's token count; the ranks' losses then sum to it).
+    `weights` [B, T]: the mismatch correction's per-token factors (zkl/trainer/correction.py)
+    on the policy-gradient term, detached; a dropped token keeps its place in the mean.
     """
     ratio = torch.exp(logprobs - old_logprobs)
     adv = advantages.unsqueeze(-1)
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
     per_token = -surrogate
+    if weights is not None:
+        per_token = per_token * weights.detach()
     if ref_logprobs is not None and kl_coef > 0:
         log_ratio = ref_logprobs - logprobs
         per_token = per_token + kl_coef * (torch.exp(log_ratio) - log_ratio - 1)

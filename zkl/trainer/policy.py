@@ -17,10 +17,18 @@ from zkl import distributed
 from zkl.backends import build_backend_model
 from zkl.checkpoint_check import warn_random_weights
 from zkl.device import resolve_device
+from zkl.generation.routes import taping
 from zkl.precision import DTYPES
+from zkl.precision.fp16 import DynamicLossScaler
 from zkl.trainer.loss import clipped_pg_loss
-from zkl.trainer.scoring import score, sequence_logprobs
-from zkl.trainer.update import UpdateBatch, minibatch, minibatch_edges, update_stats
+from zkl.trainer.scoring import replay_tape, score, sequence_logprobs
+from zkl.trainer.update import (
+    UpdateBatch,
+    minibatch,
+    minibatch_edges,
+    minibatch_weights,
+    update_stats,
+)
 from zkl.trainer.weights import weight_digests
 
 
@@ -48,6 +56,8 @@ class Policy:
             cfg.engine.backend,
         )
         self.world = distributed.current()
+        fp16 = cfg.precision.compute_dtype == "float16"  # its update scales the loss
+        self.scaler = DynamicLossScaler() if fp16 else None
         self.reference = copy.deepcopy(self.model).eval() if cfg.rl.kl_coef > 0 else None
         self.version = 0
         self.use_master = cfg.precision.master_weights_fp32 and any(
@@ -97,13 +107,17 @@ class Policy:
         return int(changed.sum())
 
     def score(
-        self, prompts: list[list[int]], responses: list[list[int]], temperatures: list[float]
+        self,
+        prompts: list[list[int]],
+        responses: list[list[int]],
+        temperatures: list[float],
+        routes: list[torch.Tensor] | None = None,
     ) -> list[torch.Tensor]:
         """Train-path logprobs of every response (zkl/trainer/scoring.py), each rank scoring
-        its share; every rank gets them all, in order."""
-        world = self.world
+        its share; every rank gets them all, in order. `routes`: the generator's, replayed."""
+        world, size = self.world, self.cfg.rl.score_micro_batch
         shares = (world.share(prompts), world.share(responses), world.share(temperatures))
-        mine = score(self.model, *shares, self.cfg.rl.score_micro_batch, device=self.device)
+        mine = score(self.model, *shares, size, device=self.device, routes=routes)
         return world.gather(mine)
 
     def update(self, batch: UpdateBatch) -> dict[str, float]:
@@ -121,7 +135,7 @@ class Policy:
             self.optimizer.zero_grad(set_to_none=True)
             for p in self.params:
                 p.grad = None
-            loss.backward()
+            (loss if self.scaler is None else self.scaler.scale_loss(loss)).backward()
             grad_norm, update_sq = self._step(update_sq)
             losses.append([loss.item(), loss_stats["loss/clip_frac"],
                            loss_stats["loss/ratio_mean"]])  # fmt: skip
@@ -131,6 +145,9 @@ class Policy:
         per = [totals[3 * i : 3 * i + 3] for i in range(len(losses))]
         stats = update_stats(per, grad_norms, totals[-1])
         stats["weights/version"] = self.version
+        if self.scaler is not None:
+            stats["optim/loss_scale"] = self.scaler.scale
+            stats["optim/skipped_steps"] = self.scaler.skipped
         stats["weights/changed_tensors"] = self._changed_tensors(before)
         return stats
 
@@ -139,11 +156,13 @@ class Policy:
         rl = self.cfg.rl
         lo, hi, num_tokens = self._share(batch, lo, hi)
         tokens, mask, old, temps, advantages = minibatch(batch, lo, hi, self.device)
-        logprobs = sequence_logprobs(self.model, tokens, temps)
+        with taping(replay_tape(batch.routes, lo, hi, tokens.shape[1])):
+            logprobs = sequence_logprobs(self.model, tokens, temps)
         ref = None
         if self.reference is not None:
             with torch.no_grad():
                 ref = sequence_logprobs(self.reference, tokens, temps)
+        weights = minibatch_weights(batch, lo, hi, mask)
         return clipped_pg_loss(
-            logprobs, old, advantages, mask, rl.clip_eps, ref, rl.kl_coef, num_tokens
+            logprobs, old, advantages, mask, rl.clip_eps, ref, rl.kl_coef, num_tokens, weights
         )

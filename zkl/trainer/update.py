@@ -17,6 +17,8 @@ class UpdateBatch:
     old_logprobs: list[torch.Tensor]  # train-path logprobs of each response
     advantages: torch.Tensor  # [N]
     temperatures: list[float]
+    weights: list[torch.Tensor] | None = None  # the correction's per-token factors
+    routes: list[torch.Tensor] | None = None  # the generator's experts [len, L, k] (replay)
 
 
 def minibatch_edges(count: int, num_minibatches: int) -> list[tuple[int, int]]:
@@ -30,12 +32,25 @@ def minibatch(batch: UpdateBatch, lo: int, hi: int, device: torch.device):
     tokens, mask and old logprobs [B, T], the rest [B]."""
     tokens, mask = pad_sequences(batch.prompts[lo:hi], batch.responses[lo:hi])
     mask = mask[:, :-1]
-    old = torch.zeros(mask.shape)
-    for i, lp in enumerate(batch.old_logprobs[lo:hi]):
-        old[i][mask[i]] = lp.cpu()
+    old = spread(batch.old_logprobs[lo:hi], mask)
     tokens, mask, old = tokens.to(device), mask.to(device), old.to(device)
     temps = torch.tensor(batch.temperatures[lo:hi], device=device)
     return tokens, mask, old, temps, batch.advantages[lo:hi].to(device)
+
+
+def spread(values: list[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+    """Each response's per-token values [T_i] at its mask's places of a zero [B, T] tensor."""
+    out = torch.zeros(mask.shape)
+    for i, v in enumerate(values):
+        out[i][mask[i].cpu()] = v.cpu()
+    return out
+
+
+def minibatch_weights(batch: UpdateBatch, lo: int, hi: int, mask: torch.Tensor):
+    """The correction's weights [B, T] of sequences lo..hi laid out as `mask`, or None."""
+    if batch.weights is None:
+        return None
+    return spread(batch.weights[lo:hi], mask).to(mask.device)
 
 
 def update_stats(

@@ -1,0 +1,97 @@
+"""Routing replay (R3, arXiv 2510.11370): the experts each MoE layer chose, recorded on the gen
+path and replayed on the train path.
+
+A `RouteTape` is active around a forward (`taping`): each MoE layer, in call order, hands it
+its own top-k expert ids. Recording, the tape keeps them and the generator stores them per
+(slot, position) in its cache (`store`), so a completion carries a compact int8/int16
+[len(prompt) + len(response), layers, k] tensor, -1 where no route was computed (a prefix-cache
+hit, the last token). Replaying, the tape gives each layer the generator's ids for its tokens
+and counts how many of the trainer's own choices differed; the layer then weights the
+replayed experts by its own router's probabilities. This module sits below the models (they
+import it), as the KV cache does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+_tape: RouteTape | None = None
+
+
+class RouteTape:
+    """Record (`replay` None) or replay (`replay` [L, N, k], -1: the layer's own choice);
+    `use=False` only counts how the layers' own choices differ from `replay`."""
+
+    def __init__(self, replay: torch.Tensor | None = None, use: bool = True) -> None:
+        self.replay = replay
+        self.use = use
+        self.recorded: list[torch.Tensor] = []  # each MoE layer's ids [N, k], in call order
+        self.layer = 0
+        self.decisions = 0  # (token, layer) pairs with a replayed route
+        self.differing = torch.zeros((), dtype=torch.int64)  # of those, own choice != replayed
+        self.token_differs: torch.Tensor | None = None  # [N]: any layer's choice differed
+
+    def visit(self, own: torch.Tensor) -> torch.Tensor | None:
+        """A layer's own ids [N, k] -> the ids to use instead ([N, k], -1 kept) or None."""
+        if self.replay is None:
+            self.recorded.append(own)
+            return None
+        given = self.replay[self.layer].to(own.device, torch.int64)
+        self.layer += 1
+        known = given[:, 0] >= 0
+        differs = (own.sort(-1).values != given.sort(-1).values).any(-1) & known
+        self.decisions += int(known.sum())
+        self.differing = self.differing + differs.sum().cpu()
+        previous = self.token_differs
+        self.token_differs = differs if previous is None else previous | differs
+        return given if self.use else None
+
+
+def active() -> RouteTape | None:
+    return _tape
+
+
+@contextlib.contextmanager
+def taping(tape: RouteTape | None) -> Iterator[RouteTape | None]:
+    """Inside the block, MoE layers record into / replay from `tape` (None: neither)."""
+    global _tape
+    previous, _tape = _tape, tape
+    try:
+        yield tape
+    finally:
+        _tape = previous
+
+
+def route_dtype(num_experts: int) -> torch.dtype:
+    """The smallest signed integer holding every expert id and -1."""
+    return torch.int8 if num_experts <= 127 else torch.int16
+
+
+def store(routes: torch.Tensor | None, slots: torch.Tensor, positions: torch.Tensor, live=None):
+    """The ids the active tape recorded in this forward ([L] x [B*T, k]) into `routes`
+    [slots, max_len, L, k] at rows `slots` [B], `positions` [B, T]; rows where `live` [B] is
+    False keep theirs. Device ops only (the decode step stays capturable)."""
+    tape = _tape
+    if routes is None or tape is None or tape.replay is not None:
+        return
+    taken, tape.recorded = tape.recorded, []
+    batch, width = positions.shape
+    ids = torch.stack(taken, dim=1).view(batch, width, len(taken), -1).to(routes.dtype)
+    rows = slots.unsqueeze(1).expand(batch, width)
+    if live is not None:
+        keep = live.view(batch, 1, 1, 1)
+        ids = torch.where(keep, ids, routes[rows, positions])
+    routes[rows, positions] = ids
+
+
+def replay_batch(routes: list[torch.Tensor], width: int) -> torch.Tensor:
+    """Per-sequence routes [len_i, L, k] right-padded to a batch of `width` positions, as the
+    tape replays them: [L, B * width, k], -1 at padding and wherever none was recorded."""
+    num_layers, k = routes[0].shape[1:]
+    out = torch.full((len(routes), width, num_layers, k), -1, dtype=routes[0].dtype)
+    for i, r in enumerate(routes):
+        out[i, : min(len(r), width)] = r[:width]
+    return out.permute(2, 0, 1, 3).reshape(num_layers, len(routes) * width, k)

@@ -16,7 +16,7 @@ from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.routes import RouteTape, replay_batch, taping
 from zkl.generation.sampling import SamplingParams
 from zkl.run.validate import validate
-from zkl.trainer.policy import Policy
+from zkl.trainer.build import build_policy
 from zkl.trainer.scoring import route_mismatch, score
 from zkl.trainer.update import UpdateBatch
 
@@ -63,8 +63,8 @@ def test_routes_are_recorded_compactly_for_every_input_position():
 def test_zero_mode_scoring_and_one_minibatch_update_are_bitwise_unchanged():
     cfg = make_cfg("model=tiny_moe", "rl.routing_replay=true", "rl.num_minibatches=1")
     with invariance.enabled(invariance.from_config(cfg)):
-        plain = Policy(cfg)
-        replayed = Policy(cfg)
+        plain = build_policy(cfg)
+        replayed = build_policy(cfg)
         done = _generate(replayed.model)
         prompts, responses = [c.prompt for c in done], [c.tokens for c in done]
         routes = [c.routes for c in done]

@@ -21,6 +21,7 @@ from zkl.generation.graphs import graph_unsupported_reason
 from zkl.megatron.check import engine_problem
 from zkl.megatron.mapping import ENGINES
 from zkl.memory import check_memory
+from zkl.models.config import check_positions
 from zkl.models.registry import family, validate_model
 from zkl.precision.fp16 import check_fp16
 from zkl.rl.config import check_treatments
@@ -114,8 +115,4 @@ def _check_vocab_positions(cfg: ZklConfig, vocab_needed: int | None, positions: 
             f"model.vocab_size={cfg.model.vocab_size} is smaller than the task tokenizer's "
             f"{vocab_needed} tokens; raise model.vocab_size."
         )
-    if cfg.model.max_position_embeddings < positions:
-        raise ConfigError(
-            f"model.max_position_embeddings={cfg.model.max_position_embeddings} is shorter than "
-            f"the {positions} positions a prompt plus sampling.max_new_tokens needs."
-        )
+    check_positions(cfg.model, positions, "a prompt plus sampling.max_new_tokens needs")

@@ -31,7 +31,10 @@ _spec.loader.exec_module(exactness)
 def test_checkpoint_alone_runs_exactly_zero(tmp_path_factory, family, layout, kv, precision):
     checkpoint = exactness.write_checkpoint(tmp_path_factory.getbasetemp() / family, family)
     run_dir = tmp_path_factory.mktemp("run")
-    cfg = compose(exactness.overrides(checkpoint, layout, kv, precision, steps=2))
+    # digit_share (tests/user_rewards.py) varies over a random model's responses, so every
+    # step has advantages to learn from; the math reward would score them all 0
+    reward = "task.reward=user_rewards:digit_share"
+    cfg = compose([*exactness.overrides(checkpoint, layout, kv, precision, steps=2), reward])
     assert cfg.model.family == family and cfg.model.checkpoint == str(checkpoint)
     rows = run(cfg, run_dir)
     assert len(rows) == 2

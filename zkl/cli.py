@@ -26,12 +26,11 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import OmegaConf, open_dict, read_write
 
-from zkl.errors import ConfigError, RunFault
+from zkl.errors import ConfigError, ForeignRunDir, RunFault
 from zkl.help import help_text
 from zkl.run import overrides
 from zkl.run.register import register
 from zkl.run.schema import ZklConfig
-from zkl.state import run_lock
 from zkl.state.requeue import submission_note
 from zkl.tracking.errors import clear_error, record_error
 
@@ -138,22 +137,23 @@ def job(prog: str, body: Callable[[], int | None]) -> None:
     """A Hydra job's body, `guarded`; a failure's sentence also goes to the job's `error.txt`.
 
     A run refused before any work keeps the directory Hydra made for it (`.hydra/`), so it
-    says why there, for the report; an earlier attempt's error.txt is cleared first, unless
-    a live run holds the directory (then its error.txt is that run's, and this one is
-    refused for it).
+    says why there, for the report. A directory that holds another run (a live one, or a
+    finished one's metrics: `ForeignRunDir`) is that run's: its error.txt is left as it is.
+    A run that ends well clears an earlier attempt's error.txt (a resumed run).
     """
     run_dir = HydraConfig.get().runtime.output_dir
-    if not run_lock.in_use(run_dir):
-        clear_error(run_dir)
 
     def recorded() -> int | None:
         try:
-            return body()
-        except run_lock.RunDirInUse:
+            code = body()
+        except ForeignRunDir:
             raise
         except Exception as err:
             record_error(run_dir, err)
             raise
+        if not code:
+            clear_error(run_dir)
+        return code
 
     guarded(prog, recorded)
 

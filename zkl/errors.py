@@ -12,6 +12,11 @@ class ConfigError(ValueError):
     """A configuration that cannot work; the message names the key to change."""
 
 
+class ForeignRunDir(ConfigError):
+    """The run directory holds another run (a live one, or one whose metrics are there): the
+    refusal writes nothing into it, not even its own error.txt."""
+
+
 class RunFault(RuntimeError):
     """A fault of the machine or of a child process after work started; one sentence."""
 

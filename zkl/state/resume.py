@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import OmegaConf
 
 from zkl import environment, invariance
-from zkl.errors import ConfigError
+from zkl.errors import ConfigError, ForeignRunDir
 from zkl.memory import param_count
 from zkl.state import checkpoint_file
 from zkl.state.checkpoint_file import CHECKPOINT_FILE
@@ -98,7 +98,7 @@ def prepare(cfg: ZklConfig, run_dir: str | Path) -> Resume:
     if not (cfg.resume or restarted):
         metrics = run_dir / METRICS_FILE
         if metrics.is_file() and metrics.stat().st_size:  # not a file: the writer says why
-            raise ConfigError(
+            raise ForeignRunDir(
                 f"{run_dir} already holds {METRICS_FILE}: pass resume=true to continue that "
                 "run, or choose another hydra.run.dir."
             )

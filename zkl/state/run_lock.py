@@ -15,12 +15,12 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from zkl.errors import ConfigError
+from zkl.errors import ConfigError, ForeignRunDir
 
 LOCK_FILE = ".zkl.lock"
 
 
-class RunDirInUse(ConfigError):
+class RunDirInUse(ForeignRunDir):
     """Another live process holds the run directory: nothing of it may be written."""
 
 

@@ -249,9 +249,8 @@ def test_a_wide_sweep_fits_1400_px(tmp_path):
     for title in ("gen_kl_error final", "gen_kl_error mean", "gen_kl_error max", "fixes"):
         assert found["right"][title] <= 1400, (title, found["right"][title])
     fixes = {text for text, _, _ in found["fixes"]}
-    assert "-logprob_path,-kv_invalidate_on_refit,-refit_exactness,-quantized_weight_refresh" in (
-        fixes
-    )
+    off_label = "minus_logprob_path+kv_invalidate_on_refit+refit_exactness+quantized_weight_refresh"
+    assert off_label in fixes
     for text, scroll, client in found["fixes"]:
         assert scroll <= client, f"the fixes cell {text!r} is cut"
     legend = " ".join(found["legends"])

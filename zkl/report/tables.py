@@ -31,7 +31,7 @@ RUN_COLUMNS = [
 ]
 
 
-_BREAK_AFTER = re.compile(r"([,/.])")
+_BREAK_AFTER = re.compile(r"([,/.+])")
 _HEADER_BREAK_AFTER = re.compile(r"([,/._])")
 LONG = 24  # a cell of more characters may wrap; a shorter one (a name, a number) never does
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
@@ -100,7 +100,7 @@ class Table:
 
 
 def _breakable(text: str, after: re.Pattern = _BREAK_AFTER) -> str:
-    """Escaped text that may wrap after `,` `/` `.` (a header also after `_`): a long name
+    """Escaped text that may wrap after `,` `/` `.` `+` (a header also after `_`): a long name
     never widens a column."""
     return after.sub(r"\1<wbr>", html.escape(text))
 

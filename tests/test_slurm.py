@@ -125,7 +125,7 @@ def test_bad_config_fails_only_its_job(tmp_path):
     assert good["status"][0] == "complete" and good["steps"][1] == 2
     sentence = (sweep / bad["run"][0] / "error.txt").read_text().strip()
     assert sentence.startswith("model.max_position_embeddings=128 is shorter than")
-    assert "\n" not in sentence and sentence.endswith("max_new_tokens needs.")
+    assert "\n" not in sentence and sentence.endswith("max_new_tokens needs; raise it.")
     assert bad["status"][0] == "failed"
     assert {r["run"][0]: r["error"][0] for r in tables["failed"]} == {bad["run"][0]: sentence}
     assert md_escape(sentence) in (sweep / "report.md").read_text()  # its Markdown form

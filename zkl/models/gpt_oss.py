@@ -16,10 +16,10 @@ from torch import nn
 
 from zkl import ops
 from zkl.invariance import is_enabled
-from zkl.models.causal_lm import CausalLM
+from zkl.models import transformer
 from zkl.models.config import ModelConfig
 from zkl.models.moe import combine, group_by_expert, grouped_bias, run_experts, top_k_softmax_route
-from zkl.models.transformer import Attention, Linear, RMSNorm
+from zkl.models.transformer import Linear
 from zkl.models.yarn import YarnRotaryEmbedding
 from zkl.precision import quantizes
 
@@ -84,45 +84,13 @@ class MoE(nn.Module):
         return combine(results, by_expert, top_i, top_w, fixed, expert_order).reshape(shape)
 
 
-class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int):
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MoE(cfg)
+class Block(transformer.Block):
+    """The shared block with gpt-oss's MoE as every layer's feed-forward part."""
 
-    def forward(self, x, delta, positions, rope, cache=None, slots=None):
-        """(residual x, the last sub-layer's output not yet added) -> the pair one layer on."""
-        x, h = self.input_layernorm.add_forward(x, delta)
-        delta = self.self_attn(h, positions, rope, cache, slots)
-        x, h = self.post_attention_layernorm.add_forward(x, delta)
-        return x, self.mlp(h)
+    def make_mlp(self, cfg: ModelConfig, layer: int) -> nn.Module:
+        return MoE(cfg)
 
 
-class GptOss(CausalLM):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, False, quantizable=False)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
-        self.rope = YarnRotaryEmbedding(cfg)
-
-    def hidden_states(self, tokens, positions, cache=None, slots=None, logit_index=None):
-        """The final norm's output [B, T, hidden] (or [B, hidden] at `logit_index`)."""
-        if cache is None and tokens.shape[1] > self.rope.cos.shape[0]:
-            raise ValueError(
-                f"a sequence of {tokens.shape[1]} tokens is longer than "
-                f"model.max_position_embeddings={self.rope.cos.shape[0]}; raise it."
-            )
-        x, delta = self.embed_tokens(tokens), None
-        for block in self.layers:
-            x, delta = block(x, delta, positions, self.rope, cache, slots)
-        if logit_index is not None:
-            picked = (torch.arange(x.shape[0], device=x.device), logit_index)
-            x, delta = x[picked], None if delta is None else delta[picked]
-        return self.norm.add_forward(x, delta)[1]
+class GptOss(transformer.Transformer):
+    block_class = Block
+    rope_class = YarnRotaryEmbedding

@@ -227,11 +227,13 @@ class Block(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, layer)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = (
-            SparseMoE(cfg)
-            if cfg.layer_is_moe(layer)
-            else MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
-        )
+        self.mlp = self.make_mlp(cfg, layer)
+
+    def make_mlp(self, cfg: ModelConfig, layer: int) -> nn.Module:
+        """The layer's feed-forward part: Qwen3-MoE's experts where the config says, else MLP."""
+        if cfg.layer_is_moe(layer):
+            return SparseMoE(cfg)
+        return MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
 
     def forward(self, x, delta, positions, rope, cache=None, slots=None):
         """(residual stream x, the last sub-layer's output `delta` not yet added to it) -> the
@@ -243,16 +245,22 @@ class Block(nn.Module):
 
 
 class Transformer(CausalLM):
+    """The decoder-only stack every attention family shares; a family with its own block or
+    rotary embedding (gpt-oss) names them in `block_class` / `rope_class`."""
+
+    block_class: type[nn.Module] = Block
+    rope_class: type[nn.Module] = RotaryEmbedding
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(self.block_class(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, False, quantizable=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.rope = RotaryEmbedding(cfg)
+        self.rope = self.rope_class(cfg)
 
     def hidden_states(self, tokens, positions, cache=None, slots=None, logit_index=None):
         """The final norm's output [B, T, hidden] (or [B, hidden] at `logit_index`): what

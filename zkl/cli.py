@@ -84,13 +84,17 @@ def check_command_line(prog: str, schema: type = ZklConfig) -> argparse.Namespac
 
 
 def hydra_entry(prog: str, hydra_main: Callable[[], None], schema: type = ZklConfig) -> None:
-    """Run a `@hydra.main` function with Hydra's own errors as one sentence each.
-
-    The command line is checked first (`check_command_line`), `schema` is registered as the
-    config's (`zkl.run.register`), and an error Hydra still raises (a bad config dir, a
-    failed multirun job) ends in one line.
-    """
+    """`check_command_line`, then `run_hydra`: an entry point whose module loads no torch."""
     check_command_line(prog, schema)
+    run_hydra(prog, hydra_main, schema)
+
+
+def run_hydra(prog: str, hydra_main: Callable[[], None], schema: type = ZklConfig) -> None:
+    """Run a `@hydra.main` function, its command line already checked (`check_command_line`),
+    with Hydra's own errors as one sentence each: `schema` is registered as the config's
+    (`zkl.run.register`), and an error Hydra still raises (a bad config dir, a failed
+    multirun job) ends in one line.
+    """
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises, this function says it in one line
     register(schema)  # the schema and resolvers conf/ names, in Hydra before it composes
     try:

@@ -27,7 +27,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from zkl import invariance
-from zkl.cli import hydra_entry, job
+from zkl.cli import job, run_hydra
 from zkl.data.tasks import build_task
 from zkl.device import resolve_device
 from zkl.experiments import bench_rl
@@ -206,5 +206,5 @@ def bench(dcfg: DictConfig) -> None:
 
 
 def entry() -> None:
-    """`python -m zkl.bench`'s command line."""
-    hydra_entry("zkl.bench", main, BenchRunConfig)
+    """`python -m zkl.bench`'s command line, checked by zkl/bench.py before torch loads."""
+    run_hydra("zkl.bench", main, BenchRunConfig)

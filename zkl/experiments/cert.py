@@ -38,7 +38,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from zkl import invariance
-from zkl.cli import hydra_entry, job
+from zkl.cli import job, run_hydra
 from zkl.device import resolve_device
 from zkl.errors import NonFinite
 from zkl.experiments import ablation
@@ -176,8 +176,9 @@ def list_fixes() -> str:
 
 
 def entry() -> None:
-    """`python -m zkl.cert`'s command line: `--list-fixes`, or a Hydra run."""
+    """`python -m zkl.cert`'s command line, checked by zkl/cert.py before torch loads:
+    `--list-fixes`, or a Hydra run."""
     if "--list-fixes" in sys.argv[1:]:
         print(list_fixes())
         sys.exit(0)
-    hydra_entry("zkl.cert", main, CertRunConfig)
+    run_hydra("zkl.cert", main, CertRunConfig)

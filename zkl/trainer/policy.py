@@ -7,6 +7,7 @@ Two policies fill in what differs (zkl/trainer/build.py picks one): `LocalPolicy
 
 from __future__ import annotations
 
+import abc
 import copy
 from collections.abc import Mapping
 
@@ -32,7 +33,7 @@ from zkl.trainer.update import (
 from zkl.trainer.weights import weight_digests
 
 
-class Policy:
+class Policy(abc.ABC):
     """The model the trainer's forward uses, and the optimizer that updates it.
 
     A subclass sets up `params` (what the backward fills) and `optimizer`, and says how a
@@ -71,31 +72,31 @@ class Policy:
         )
 
     # -- what each mode says ------------------------------------------------------------
+    @abc.abstractmethod
     def state_dict(self) -> dict:
         """What a bitwise resume needs: weights, fp32 masters, AdamW state, weight version."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def load_state_dict(self, state: dict) -> None:
         """Restore `state_dict()` in place (the generator's shared model sees the weights)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def refit_state(self) -> Mapping[str, torch.Tensor]:
         """Exactly the tensors the trainer's forward uses, whole, as a refit sends them."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _forward_shards(self) -> dict[str, torch.Tensor]:
         """This rank's part of the forward's weights, on the compute device."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _share(self, batch: UpdateBatch, lo: int, hi: int) -> tuple[int, int, int | None]:
         """The rows of minibatch lo..hi this rank learns from, and the token count its loss
         is divided by (None: its own)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _step(self, update_sq: torch.Tensor) -> tuple[float, torch.Tensor]:
         """Clip the gradient and step the optimizer; the gradient norm and `update_sq` plus
         this step's squared change of the forward's weights."""
-        raise NotImplementedError
 
     # -- shared ---------------------------------------------------------------------------
     def _changed_tensors(self, before: torch.Tensor) -> int:

@@ -53,13 +53,6 @@ class Sampler:
     top_p: bool
     eos_id: int | None
 
-    def __call__(
-        self, state: SlotState, rows: torch.Tensor, logits: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """logits [B, V] of the slot rows [B] -> (next token [B], its logprob [B] fp32)."""
-        next_tokens, logprobs, _ = self.sample(state, rows, logits)
-        return next_tokens, logprobs
-
     def sample(
         self, state: SlotState, rows: torch.Tensor, logits: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -119,6 +112,6 @@ def decode_one_token(
     tokens = state.token[rows].unsqueeze(1)  # [B, 1]
     positions = state.pos[rows].unsqueeze(1)  # [B, 1]
     logits = model(tokens, positions, cache, rows)[:, 0]  # [B, V]
-    if getattr(cache, "routes", None) is not None:  # routing replay records each route
+    if cache.routes is not None:  # routing replay records each route
         routes.store(cache.routes, rows, positions, ~state.done[rows])
     sampler.take(state, rows, logits)

@@ -214,7 +214,6 @@ class GenerationEngine:
     def new_buffers(self, max_len: int, max_new: int) -> tuple[KVCache, SlotState]:
         """The model's decode cache and the slot state, sized for one generate call."""
         cache = self.model.make_cache(self.max_batch_size, max_len)
-        cache.routes = None
         if self.record_routes:  # [slots, positions, MoE layers, k]
             cfg = self.model.cfg
             layers = sum(cfg.layer_is_moe(i) for i in range(cfg.num_hidden_layers))

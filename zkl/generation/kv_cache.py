@@ -14,6 +14,9 @@ from zkl.ops.fast import write_kv
 
 class KVCache:
     pads_rows = True  # rows of different lengths may prefill in one right-padded batch
+    # [slots, max_len, MoE layers, k] expert ids the gen path chose at each position, -1 where
+    # none was computed; set by the engine when it records routes (routing replay), else None
+    routes: torch.Tensor | None = None
 
     def __init__(
         self,
@@ -52,7 +55,10 @@ class KVCache:
         return self.k[layer], self.v[layer]
 
     def clear_slot(self, slot: int) -> None:
-        """A new request takes `slot`; stale K/V need no clearing (attention masks them)."""
+        """A new request takes `slot`; stale K/V need no clearing (attention masks them), its
+        routes do (none is known until its prefill computes it)."""
+        if self.routes is not None:
+            self.routes[slot] = -1
 
     def write(self, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Place K, V [Hkv, n, D] at positions 0..n-1 of `slot`."""

@@ -46,6 +46,7 @@ class HybridCache(KVCache):
 
     def clear_slot(self, slot: int) -> None:
         """A new request takes `slot`: its Mamba state starts from zero."""
+        super().clear_slot(slot)
         for t in (self.conv, self.ssm, self.buf_xbc, self.buf_dt):
             t[:, slot] = 0
 

@@ -77,8 +77,6 @@ def _prefill_group(
     starts, cuts = [], []
     for a in group:
         cache.clear_slot(a.slot)
-        if getattr(cache, "routes", None) is not None:
-            cache.routes[a.slot] = -1  # no route known until this prefill computes it
         start, cut = 0, 0
         if prefix is not None:
             blocks = cache.resumable(prefix.match(a.prompt, version))
@@ -101,7 +99,7 @@ def _prefill_group(
         positions = (torch.tensor(starts).unsqueeze(1) + torch.arange(lo, hi)).to(device)
         index = torch.tensor([min(max(n - lo, 0), hi - lo - 1) for n in last], device=device)
         logits = model(tokens[:, lo:hi], positions, cache, slots, logit_index=index)  # [B, V]
-        routes.store(getattr(cache, "routes", None), slots, positions)
+        routes.store(cache.routes, slots, positions)
         if final_logits is None:
             final_logits = torch.empty_like(logits)
         ending = [i for i, n in enumerate(last) if lo <= n < hi]

@@ -18,6 +18,25 @@ from zkl import ops
 from zkl.generation import routes
 
 
+def router_probs(x: torch.Tensor, gate_weight: torch.Tensor, fixed: bool) -> torch.Tensor:
+    """The router's fp32 probabilities [N, E] of x [N, H]: with `moe_combine_order` (`fixed`)
+    fp32 logits and the invariant softmax; else logits in the activation dtype, as an eager
+    engine computes them."""
+    if fixed:
+        return ops.softmax(ops.linear(x.float(), gate_weight.float(), None))
+    return torch.softmax(ops.linear(x, gate_weight.to(x.dtype), None).float(), dim=-1)
+
+
+def renormalized(top_w: torch.Tensor, fixed: bool) -> torch.Tensor:
+    """top_w [N, k] over its row sum; `fixed` adds the slots in order, whatever the row count."""
+    if not fixed:
+        return top_w / top_w.sum(-1, keepdim=True)
+    total = top_w[:, 0]
+    for s in range(1, top_w.shape[-1]):
+        total = total + top_w[:, s]
+    return top_w / total.unsqueeze(-1)
+
+
 def fixed_route(
     x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, norm_topk_prob: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -25,15 +44,12 @@ def fixed_route(
 
     x [N, H] -> (expert ids [N, k], fp32 weights [N, k]); shared by every engine's MoE.
     """
-    probs = ops.softmax(ops.linear(x.float(), gate_weight.float(), None))
+    probs = router_probs(x, gate_weight, fixed=True)
     # stable sort: equal probabilities resolve to the lower expert id
     top_w, top_i = probs.sort(dim=-1, descending=True, stable=True)
     top_w, top_i = top_w[:, :top_k], top_i[:, :top_k]
     if norm_topk_prob:
-        total = top_w[:, 0]
-        for s in range(1, top_k):  # fixed order, whatever the row count
-            total = total + top_w[:, s]
-        top_w = top_w / total.unsqueeze(-1)
+        top_w = renormalized(top_w, fixed=True)
     return top_i, top_w
 
 
@@ -57,20 +73,8 @@ def taped_route(
     if given is None:
         return top_i, top_w
     ids = torch.where(given >= 0, given, top_i)
-    if fixed:
-        probs = ops.softmax(ops.linear(x.float(), gate_weight.float(), None))
-    else:
-        probs = torch.softmax(ops.linear(x, gate_weight.to(x.dtype), None).float(), dim=-1)
-    weights = probs.gather(-1, ids)
-    if norm_topk_prob:
-        if fixed:  # the fixed router's sum: slot by slot
-            total = weights[:, 0]
-            for s in range(1, weights.shape[-1]):
-                total = total + weights[:, s]
-            weights = weights / total.unsqueeze(-1)
-        else:
-            weights = weights / weights.sum(-1, keepdim=True)
-    return ids, weights
+    weights = router_probs(x, gate_weight, fixed).gather(-1, ids)
+    return ids, renormalized(weights, fixed) if norm_topk_prob else weights
 
 
 def group_by_expert(top_i: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:

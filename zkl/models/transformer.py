@@ -16,7 +16,15 @@ from zkl.invariance import is_enabled
 from zkl.models.causal_lm import CausalLM
 from zkl.models.config import ModelConfig, check_positions
 from zkl.models.fused import init_order
-from zkl.models.moe import combine, fixed_route, group_by_expert, run_experts, taped_route
+from zkl.models.moe import (
+    combine,
+    fixed_route,
+    group_by_expert,
+    renormalized,
+    router_probs,
+    run_experts,
+    taped_route,
+)
 from zkl.models.rope import inverse_frequencies
 from zkl.precision import RecipeLinear, linear_weight_and_input, quantizes
 
@@ -183,12 +191,8 @@ class SparseMoE(nn.Module):
         """x [N, H] -> (expert ids [N, k], fp32 weights [N, k])."""
         if is_enabled("moe_combine_order"):
             return fixed_route(x, self.gate.weight, self.top_k, self.norm_topk_prob)
-        gate = self.gate.weight.to(x.dtype)
-        probs = torch.softmax(ops.linear(x, gate, None).float(), dim=-1)
-        top_w, top_i = probs.topk(self.top_k, dim=-1)
-        if self.norm_topk_prob:
-            top_w = top_w / top_w.sum(-1, keepdim=True)
-        return top_i, top_w
+        top_w, top_i = router_probs(x, self.gate.weight, fixed=False).topk(self.top_k, dim=-1)
+        return top_i, renormalized(top_w, fixed=False) if self.norm_topk_prob else top_w
 
     @property
     def runs_one_call_per_expert(self) -> bool:

@@ -105,8 +105,7 @@ def _key(cfg: Any) -> tuple:
 
 @functools.lru_cache(maxsize=16)
 def _counts(key: tuple) -> tuple[int, int]:
-    cfg = ModelConfig(*key)
-    cfg.mlp_only_layers = list(cfg.mlp_only_layers)
+    cfg = ModelConfig(*(list(v) if isinstance(v, tuple) else v for v in key))  # `_key`'s lists
     model = build_on_meta(cfg)
     total = sum(p.numel() for p in model.parameters())  # a tied lm_head counts once
     largest = max(sum(p.numel() for p in layer.parameters()) for layer in model.layers)

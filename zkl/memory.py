@@ -22,6 +22,7 @@ from zkl.errors import ConfigError
 from zkl.invariance import resolve
 from zkl.models.config import ModelConfig
 from zkl.models.registry import largest_layer_params, param_count
+from zkl.precision import DTYPES
 
 LOGIT_TOKENS = 8192  # tokens whose logits exist at once on the train path (trainer/scoring)
 
@@ -65,7 +66,7 @@ def _own_gpu(cfg: Any) -> bool:
 def _token_bytes(cfg: Any, positions: int) -> tuple[int, int, int]:
     """(compute-dtype bytes, one token's KV bytes, one token's activation bytes per layer)."""
     m = cfg.model
-    c = 2 if cfg.precision.compute_dtype in ("bfloat16", "float16") else 4
+    c = DTYPES[cfg.precision.compute_dtype].itemsize  # bytes of one compute-dtype value
     width = m.intermediate_size
     if m.is_moe:
         width = m.num_experts_per_tok * (m.moe_intermediate_size + 2 * m.hidden_size)
@@ -97,7 +98,7 @@ def sharded_weights(cfg: Any) -> dict[str, float]:
     whole model (plus a dedicated generator's refit buffers).
     """
     m, t = cfg.model, cfg.trainer
-    c = 2 if cfg.precision.compute_dtype in ("bfloat16", "float16") else 4
+    c = DTYPES[cfg.precision.compute_dtype].itemsize  # bytes of one compute-dtype value
     p = param_count(m)
     master = 4 if cfg.precision.master_weights_fp32 or c == 4 else c
     shards = 0.0 if t.offload else p * (master + 4 + 8) / t.world_size  # offload: on the host

@@ -21,7 +21,7 @@ def build_engine(cfg, model: torch.nn.Module, eos_id: int | None) -> GenerationE
         prefix_cache_blocks=cfg.engine.prefix_cache_blocks,
         sync_every=cfg.engine.sync_every,
         cuda_graphs=cfg.engine.cuda_graphs,
-        record_routes=cfg.rl.routing_replay or cfg.rl.record_routes,
+        record_routes=cfg.rl.records_routes,
     )
 
 

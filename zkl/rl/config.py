@@ -48,6 +48,11 @@ class RLConfig:
     # without replaying them (the baseline of routing_replay)
     record_routes: bool = False
 
+    @property
+    def records_routes(self) -> bool:
+        """Whether the generator records its routes: to replay them, or only to count them."""
+        return self.routing_replay or self.record_routes
+
 
 def check(rl: RLConfig) -> None:
     """One sentence naming the rl.* key that the loop or AdamW would fail on later."""
@@ -99,7 +104,7 @@ def check_treatments(cfg: Any, replays: bool) -> None:
     replay needs a native model whose family replays routes (`replays`, the registry's
     `route_replay` capability: Qwen3-MoE), as a dedicated or colocated generator records its
     routes only there."""
-    if not (cfg.rl.routing_replay or cfg.rl.record_routes):
+    if not cfg.rl.records_routes:
         return
     if not cfg.model.is_moe:
         raise ConfigError(

@@ -210,7 +210,7 @@ def train_step(
     weights = correction_weights(lp_train, lp_behavior, cfg.rl.correction)
     row.update(diagnostics(lp_train, lp_behavior, weights))
     batch = UpdateBatch(prompts, responses, lp_train, advantages, temps, weights, routes)
-    if cfg.rl.routing_replay or cfg.rl.record_routes:  # before the update moves the router
+    if cfg.rl.records_routes:  # before the update moves the router
         recorded = [c.routes for c in completions]
         row.update(route_mismatch(policy.model, prompts, responses, recorded, policy.device))
     row.update(policy.update(batch))

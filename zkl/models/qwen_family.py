@@ -62,8 +62,6 @@ def _validate_moe(cfg: ModelConfig) -> None:
     check_top_k(cfg, "num_experts")
     if cfg.moe_intermediate_size <= 0:
         raise ValueError("model.moe_intermediate_size must be positive for a MoE model.")
-    if cfg.decoder_sparse_step <= 0:
-        raise ValueError("model.decoder_sparse_step must be positive.")
 
 
 _COMMON = dict(

@@ -53,6 +53,11 @@ class Sampler:
     top_p: bool
     eos_id: int | None
 
+    @property
+    def filters(self) -> bool:
+        """Whether some row samples from a top-k / top-p filtered distribution."""
+        return self.top_k or self.top_p
+
     def sample(
         self, state: SlotState, rows: torch.Tensor, logits: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -61,8 +66,7 @@ class Sampler:
         the same tensor."""
         count, temps = state.count[rows], state.temperature[rows]
         raw_logprobs = is_enabled("logprob_path")
-        filtered = self.top_k or self.top_p
-        if raw_logprobs and not filtered:  # the sampler divides, in one pass
+        if raw_logprobs and not self.filters:  # the sampler divides, in one pass
             next_tokens = gumbel_max(logits, state.seed[rows], count, temperature=temps)
         else:
             scores = processed_logits(
@@ -77,7 +81,7 @@ class Sampler:
         else:  # what a fast engine reports: processed logits, log-softmax in the model dtype
             logp = torch.log_softmax(scores.to(logits.dtype), dim=-1)
             logprobs = logp.gather(-1, next_tokens.unsqueeze(-1)).squeeze(-1).float()
-        if not filtered:
+        if not self.filters:
             return next_tokens, logprobs, logprobs
         raw = logprobs
         if not raw_logprobs:
@@ -88,7 +92,7 @@ class Sampler:
         """Sample the rows' next tokens from logits [B, V] and commit them to the state
         (output, count, next input, done at EOS or the limit); finished rows idle."""
         next_tokens, logprobs, lp_sampled = self.sample(state, rows, logits)
-        if self.top_k or self.top_p:  # unfiltered, lp_sampled is the logprob (engine._retire)
+        if self.filters:  # unfiltered, lp_sampled is the logprob (engine._retire)
             state.record(rows, state.out_lp_sampled, lp_sampled)
         ops.commit_samples(state, rows, next_tokens, logprobs, self.eos_id)
 

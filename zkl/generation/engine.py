@@ -150,7 +150,6 @@ class GenerationEngine:
             top_p=any(r.params.top_p < 1 for r in requests),
             eos_id=self.eos_id,
         )
-        self._sampler = sampler  # `_retire` reads whether it filtered
         if self.decoder is None:
             cache, state = self.new_buffers(max_len, max_new)
         else:
@@ -172,13 +171,12 @@ class GenerationEngine:
                     stats.joined_running += len(admitted) if running else 0
                     self._prefill(cache, state, admitted, sampler, stats)
                     running.update(admitted)
-                    self._retire(cache, state, running, free, done, stats)
+                    self._retire(cache, state, sampler, running, free, done, stats)
                 if running:
                     t0 = time.perf_counter()
                     self._decode(cache, state, running, free, sampler, stats)
-                    self._retire(
-                        cache, state, running, free, done, stats
-                    )  # reads the device: a sync
+                    # reads the device: a sync
+                    self._retire(cache, state, sampler, running, free, done, stats)
                     stats.decode_s += time.perf_counter() - t0
         return [done[r.request_id] for r in requests]
 
@@ -249,7 +247,16 @@ class GenerationEngine:
         fixes = tuple(name for name in FIXES if is_enabled(name))
         return (self.max_batch_size, sampler, fixes, params)
 
-    def _retire(self, cache, state: SlotState, running: dict, free: list[int], done: dict, stats):
+    def _retire(
+        self,
+        cache: KVCache,
+        state: SlotState,
+        sampler: Sampler,
+        running: dict,
+        free: list[int],
+        done: dict,
+        stats,
+    ):
         """The host's look at the device state: move finished requests out of their slots."""
         slots = list(running)
         finished = [s for s, d in zip(slots, state.done[slots].tolist()) if d]
@@ -258,8 +265,7 @@ class GenerationEngine:
         counts = state.count[finished].tolist()
         tokens = state.out_tokens[finished].tolist()
         logprobs = state.out_logprobs[finished].cpu()
-        filtered = self._sampler.top_k or self._sampler.top_p
-        lp_sampled = state.out_lp_sampled[finished].cpu() if filtered else logprobs
+        lp_sampled = state.out_lp_sampled[finished].cpu() if sampler.filters else logprobs
         taken = None if cache.routes is None else cache.routes[finished].cpu()
         for i, slot in enumerate(finished):
             request = running.pop(slot)

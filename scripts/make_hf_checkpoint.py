@@ -1,7 +1,8 @@
 """Write a transformers checkpoint with random weights and a BPE tokenizer trained on text.
 
-    python scripts/make_hf_checkpoint.py OUT_DIR --shape tiny --family qwen2|qwen3|llama|mistral \
-        --corpus tests/data/arith_train.jsonl [--max-shard-size 200KB]
+    python scripts/make_hf_checkpoint.py OUT_DIR --shape tiny \
+        --family qwen2|qwen3|llama|mistral|gpt_oss --corpus tests/data/arith_train.jsonl \
+        [--max-shard-size 200KB]
 
 The model is written by transformers' own `save_pretrained` (config.json, safetensors,
 an index when sharded), the tokenizer by `tokenizers`' BPE trainer and transformers'
@@ -53,7 +54,8 @@ SHAPES = {
 
 
 # --family -> transformers' config and model classes, and what the family adds to the shape:
-# llama3 RoPE scaling that bends the tiny context's frequencies, a window shorter than a row.
+# llama3 RoPE scaling that bends the tiny context's frequencies, a window shorter than a row;
+# gpt-oss's sinks (transformers' init), a sliding and a full layer, YaRN and a top-2 MoE.
 LLAMA3_ROPE = {
     "rope_type": "llama3",
     "rope_theta": 10000.0,
@@ -62,11 +64,29 @@ LLAMA3_ROPE = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 32,
 }
+YARN_ROPE = {
+    "rope_type": "yarn",
+    "rope_theta": 150000.0,
+    "factor": 8.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 32,
+}
+GPT_OSS = {
+    "sliding_window": 16,
+    "layer_types": ["sliding_attention", "full_attention"],
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "rope_parameters": YARN_ROPE,
+    "tie_word_embeddings": False,
+}
 FAMILIES = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
     "llama": ("LlamaConfig", "LlamaForCausalLM", {"rope_parameters": LLAMA3_ROPE}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 16}),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", GPT_OSS),
 }
 
 
@@ -121,7 +141,7 @@ def write_model(
 
     numbers = dict(SHAPES[shape])
     config_name, model_name, extra = FAMILIES[family]
-    config = getattr(transformers, config_name)(**numbers, **extra)
+    config = getattr(transformers, config_name)(**{**numbers, **extra})
     cls = getattr(transformers, model_name)
     config.eos_token_id = SPECIALS.index("<|im_end|>")
     config.pad_token_id = SPECIALS.index("<|endoftext|>")

@@ -35,12 +35,25 @@ def _env():
     return {**os.environ, "PYTHONPATH": str(REPO)}
 
 
+WARM_START = "python -m zkl.experiments.warm_start "
+
+
+def _header_commands(sweep: str) -> list[str]:
+    lines = (REPO / "sweeps" / f"{sweep}.yaml").read_text().splitlines()
+    return [line.lstrip("# ") for line in lines if line.lstrip("# ").startswith("python -m ")]
+
+
 def documented_command(sweep: str) -> list[str]:
-    """The first `python -m ...` command in the sweep file's header, as argv."""
-    for line in (REPO / "sweeps" / f"{sweep}.yaml").read_text().splitlines():
-        if line.lstrip("# ").startswith("python -m "):
-            return shlex.split(line.lstrip("# "))
+    """The sweep's command: the first `python -m ...` in its header after any warm start."""
+    for line in _header_commands(sweep):
+        if not line.startswith(WARM_START):
+            return shlex.split(line)
     raise AssertionError(f"sweeps/{sweep}.yaml documents no command")
+
+
+def warm_starts(sweep: str) -> list[list[str]]:
+    """The warm starts the sweep's header makes before it (run here with 2 steps)."""
+    return [shlex.split(line) for line in _header_commands(sweep) if line.startswith(WARM_START)]
 
 
 @pytest.mark.parametrize("sweep", SWEEPS)
@@ -54,6 +67,10 @@ def test_sweep_runs_every_job(sweep, tmp_path):
     cmd[0] = sys.executable
     cmd[cmd.index("--config-dir") + 1] = str(REPO / "sweeps")
     cmd += [f"hydra.sweep.dir={tmp_path}", *QUIET, *TINY, *SMALLER.get(sweep, [])]
+    for warm in warm_starts(sweep):  # into the sweep's working directory, as its header says
+        warm = [sys.executable, *warm[1:], "--steps=2", "num_threads=1"]
+        made = subprocess.run(warm, cwd=tmp_path, env=_env(), capture_output=True, text=True)
+        assert made.returncode == 0, made.stderr[-2000:]
     out = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     jobs = sorted(p for p in tmp_path.iterdir() if p.is_dir() and p.name.isdigit())

@@ -145,6 +145,10 @@ class DatasetTask:
         """Train prompts of the dataset itself (certification)."""
         return [list(e.prompt_ids) for e in self.problems(seed, 0, count)]
 
+    def target(self, problem: Example) -> list[int]:
+        """A right response: the answer text, then EOS (what a supervised warm start learns)."""
+        return [*self.tokenizer.encode(problem.answer, special=False), self.tokenizer.eos_id]
+
     def reward(self, problem: Example, response: list[int]) -> float:
         text = self.tokenizer.response_text(response)
         return call_reward(

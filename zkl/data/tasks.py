@@ -110,6 +110,10 @@ class AddTask:
                 break
         return response[:lead] == self.tokenizer.encode(problem.answer)
 
+    def target(self, problem: Problem) -> list[int]:
+        """A right response: the sum, then EOS (what a supervised warm start learns)."""
+        return [*self.tokenizer.encode(problem.answer), self.tokenizer.eos_id]
+
     def reward(self, problem: Problem, response: list[int]) -> float:
         tok = self.tokenizer
         answer = tok.encode(problem.answer)

@@ -10,6 +10,9 @@ files and one line in `zkl.models.registry`:
 - `config_from_hf(hf, base) -> ModelConfig`: the model config of a parsed `config.json`;
   `base` already carries `name`, `family` and `checkpoint`. Raises ValueError (one sentence)
   on what the family does not implement.
+- `config_to_hf(cfg) -> dict`: optional; the `config.json` keys of a model config (the
+  inverse of `config_from_hf`), for writing zkl's weights as an HF checkpoint
+  (`zkl.models.hf_export`). None: zkl does not write the family's checkpoints.
 - `validate(cfg)`: the family's own rules, after the shared ones of `models.config`.
 - `init_weights(model, seed)`: seeded random init when no checkpoint is given.
 - `renames`: (HF prefix, zkl prefix) pairs applied to a tensor name after `model.` is removed.
@@ -52,6 +55,7 @@ class Family:
     modules: tuple[str, ...]
     renames: tuple[tuple[str, str], ...] = ()
     convert: Callable[[dict[str, torch.Tensor], ModelConfig], dict[str, torch.Tensor]] | None = None
+    config_to_hf: Callable[[ModelConfig], dict] | None = None
     cache: str = "kv"
     capabilities: frozenset[str] = frozenset()
     megatron: bool = False

@@ -55,6 +55,34 @@ def _config_from_hf(hf: dict, base: ModelConfig) -> ModelConfig:
     return cfg
 
 
+def _config_to_hf(cfg: ModelConfig) -> dict:
+    """The config.json `_config_from_hf` reads back into `cfg`'s numbers."""
+    hf = {
+        "hidden_act": "silu",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_hidden_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "rope_theta": cfg.rope_theta,
+        "rms_norm_eps": cfg.rms_norm_eps,
+    }
+    if cfg.family == QWEN3_MOE.name:
+        hf.update(
+            num_experts=cfg.num_experts,
+            num_experts_per_tok=cfg.num_experts_per_tok,
+            moe_intermediate_size=cfg.moe_intermediate_size,
+            norm_topk_prob=cfg.norm_topk_prob,
+            decoder_sparse_step=cfg.decoder_sparse_step,
+            mlp_only_layers=list(cfg.mlp_only_layers),
+        )
+    return hf
+
+
 def _validate_moe(cfg: ModelConfig) -> None:
     check_no_routed_experts(cfg)
     if cfg.num_experts <= 0:
@@ -67,6 +95,7 @@ def _validate_moe(cfg: ModelConfig) -> None:
 _COMMON = dict(
     model_class=Transformer,
     config_from_hf=_config_from_hf,
+    config_to_hf=_config_to_hf,
     init_weights=init_weights,
     modules=("zkl/models/qwen_family.py",),
     megatron=True,

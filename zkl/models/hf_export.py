@@ -1,0 +1,68 @@
+"""Writing zkl's weights as an HF checkpoint (`config.json` and `model.safetensors`), which
+`model.checkpoint=DIR` and transformers read back: a warm start, or a trained policy taken
+elsewhere for evaluation."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from zkl.models.config import ModelConfig
+from zkl.models.hf_checkpoint import to_hf
+from zkl.models.registry import FAMILIES, family
+
+
+def writable() -> list[str]:
+    """The families whose checkpoints zkl writes."""
+    return [name for name, entry in FAMILIES.items() if entry.config_to_hf is not None]
+
+
+def hf_config(cfg: ModelConfig) -> dict:
+    """`cfg` as a config.json; ValueError (one sentence) where the family's reader would not
+    give back the same numbers."""
+    entry = family(cfg)
+    if entry.config_to_hf is None:
+        raise ValueError(
+            f"zkl writes HF checkpoints of the families {writable()}, not {cfg.family!r}."
+        )
+    hf = {
+        "model_type": entry.model_types[0],
+        "architectures": list(entry.architectures[:1]),
+        **entry.config_to_hf(cfg),
+    }
+    base = ModelConfig(name=cfg.name, family=cfg.family, checkpoint=cfg.checkpoint)
+    back = entry.config_from_hf(json.loads(json.dumps(hf)), base)
+    differ = [
+        f.name
+        for f in dataclasses.fields(ModelConfig)
+        if f.name not in ("name", "checkpoint") and getattr(back, f.name) != getattr(cfg, f.name)
+    ]
+    if differ:
+        raise ValueError(
+            f"model.{differ[0]}={getattr(cfg, differ[0])!r} cannot be written into a "
+            f"{cfg.family} config.json (it reads back as {getattr(back, differ[0])!r})."
+        )
+    return hf
+
+
+def save_checkpoint(
+    model: torch.nn.Module, directory: str | Path, dtype: torch.dtype = torch.float32
+) -> Path:
+    """`model`'s weights (q/k/v and gate/up split into HF's projections, in `dtype`) and its
+    config.json in `directory`; a tied lm_head is not stored twice."""
+    cfg = model.cfg
+    config = hf_config(cfg)
+    tensors = {
+        (name if name.startswith("lm_head") else f"model.{name}"): t.detach().to(dtype).cpu()
+        for name, t in to_hf(model.state_dict(), cfg).items()
+        if not (cfg.tie_word_embeddings and name == "lm_head.weight")
+    }
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, out / "model.safetensors")
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out

@@ -10,9 +10,9 @@ own (prompt, right response) pairs give a model that is right on part of the val
 which GRPO then improves. The weights go to OUT as an HF checkpoint (`zkl.models.hf_export`),
 read back with `model.checkpoint=OUT`.
 
-The overrides are those of `python -m zkl` (the model, the task, `seed`, `num_threads`); the
-problems are a draw apart from any GRPO run's. The loss is the token mean of the right
-response's cross-entropy (EOS included), fp32, AdamW.
+The overrides are those of `python -m zkl` (the model, the task, `seed`, `device`,
+`num_threads`); the problems are a draw apart from any GRPO run's. The loss is the token
+mean of the right response's cross-entropy (EOS included), fp32, AdamW.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 
 from zkl.cli import guarded
 from zkl.data.tasks import build_task
+from zkl.device import resolve_device
 from zkl.errors import ConfigError
 from zkl.models import build_model
 from zkl.models.hf_export import hf_config, save_checkpoint
@@ -48,7 +49,9 @@ def batch(task, problems) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def loss_of(model, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    positions = torch.arange(tokens.shape[1]).expand_as(tokens)
+    device = model.embed_tokens.weight.device
+    tokens, mask = tokens.to(device), mask.to(device)
+    positions = torch.arange(tokens.shape[1], device=device).expand_as(tokens)
     logits = model(tokens, positions)[:, :-1].float()
     nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
     return nll[mask].mean()
@@ -56,10 +59,11 @@ def loss_of(model, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def greedy(model, prompt: list[int], max_new_tokens: int, eos_id: int) -> list[int]:
+    device = model.embed_tokens.weight.device
     tokens = list(prompt)
     for _ in range(max_new_tokens):
-        t = torch.tensor([tokens])
-        nxt = int(model(t, torch.arange(len(tokens))[None])[0, -1].argmax())
+        t = torch.tensor([tokens], device=device)
+        nxt = int(model(t, torch.arange(len(tokens), device=device)[None])[0, -1].argmax())
         tokens.append(nxt)
         if nxt == eos_id:
             break
@@ -98,7 +102,7 @@ def warm_start(out: Path, overrides: list[str], steps: int, lr: float, batch_siz
         raise ConfigError(str(err)) from None
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
-    model = build_model(cfg.model, torch.float32, seed=cfg.seed)
+    model = build_model(cfg.model, torch.float32, seed=cfg.seed, device=resolve_device(cfg.device))
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     score = accuracy(cfg, task, model)
     print(f"warm start of {cfg.model.name} on {cfg.task.name}: accuracy {score:.3f}")

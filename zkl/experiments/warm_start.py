@@ -28,6 +28,7 @@ from zkl.device import resolve_device
 from zkl.errors import ConfigError
 from zkl.models import build_model
 from zkl.models.hf_export import hf_config, save_checkpoint
+from zkl.rl.evaluate import answered_right
 from zkl.run.compose import compose
 from zkl.run.overrides import normalize, preflight
 from zkl.run.validate import validate
@@ -74,11 +75,10 @@ def accuracy(cfg, task, model) -> float:
     """The share of validation problems a greedy response gets right (as `val/accuracy`)."""
     problems = task.validation_problems(cfg.rl.val_prompts)
     eos = task.tokenizer.eos_id
-    judge = getattr(task, "is_correct", None)
     right = 0
     for p in problems:
         response = greedy(model, task.prompt(p), cfg.sampling.max_new_tokens, eos)
-        right += judge(p, response) if judge else task.reward(p, response) == 1.0
+        right += answered_right(task, p, response, task.reward(p, response))
     return right / max(1, len(problems))
 
 

@@ -25,6 +25,13 @@ def val_due(step: int, val_every: int, steps: int) -> bool:
     return val_every > 0 and (step % val_every == 0 or step == steps - 1)
 
 
+def answered_right(task, problem, response: list[int], reward: float) -> bool:
+    """Whether `val/accuracy` counts a response: the task's `is_correct` where it has one,
+    else its reward (`reward`) being 1.0."""
+    judge = getattr(task, "is_correct", None)
+    return bool(judge(problem, response)) if judge else reward == 1.0
+
+
 def validate_policy(cfg, task, generator) -> dict[str, Any]:
     """`val/accuracy`, `val/reward` and `val/num_problems` on the task's validation problems."""
     problems = task.validation_problems(cfg.rl.val_prompts)
@@ -38,8 +45,7 @@ def validate_policy(cfg, task, generator) -> dict[str, Any]:
     completions.sort(key=lambda c: c.request_id)
     pairs = list(zip(problems, completions, strict=True))
     rewards = [task.reward(p, c.tokens) for p, c in pairs]
-    judge = getattr(task, "is_correct", None)
-    right = [judge(p, c.tokens) for p, c in pairs] if judge else [r == 1.0 for r in rewards]
+    right = [answered_right(task, p, c.tokens, r) for (p, c), r in zip(pairs, rewards)]
     return {
         "val/accuracy": sum(right) / len(right),
         "val/reward": sum(rewards) / len(rewards),

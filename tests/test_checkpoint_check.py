@@ -13,35 +13,14 @@ from test_hostile_input import assert_refused_before_work, run_entry
 
 from zkl.errors import ConfigError
 from zkl.models import build_model
-from zkl.models.hf_checkpoint import INDEX_FILE, to_hf
+from zkl.models.hf_checkpoint import INDEX_FILE
+from zkl.models.hf_export import save_checkpoint
 from zkl.run.validate import validate
-
-FAMILY_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
-FAMILY_KEYS += ("num_key_value_heads", "head_dim", "intermediate_size", "rope_theta")
-FAMILY_KEYS += ("rms_norm_eps", "max_position_embeddings", "tie_word_embeddings")
 
 
 def write_checkpoint(directory: Path, overrides: list[str]) -> None:
     """An HF-format checkpoint of zkl's own seeded model for `overrides` (fp32)."""
-    cfg = make_cfg(*overrides).model
-    model = build_model(cfg, torch.float32, seed=7)
-    hf = {
-        "model_type": cfg.family,
-        "hidden_act": "silu",
-        **{k: getattr(cfg, k) for k in FAMILY_KEYS},
-    }
-    if cfg.is_moe:
-        for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
-            hf[key] = getattr(cfg, key)
-        hf.update(norm_topk_prob=cfg.norm_topk_prob, decoder_sparse_step=cfg.decoder_sparse_step)
-    tensors = {
-        (k if k == "lm_head.weight" else f"model.{k}"): v.detach().clone().contiguous()
-        for k, v in to_hf(model.state_dict(), cfg).items()
-        if not (cfg.tie_word_embeddings and k == "lm_head.weight")
-    }
-    directory.mkdir(parents=True)
-    (directory / "config.json").write_text(json.dumps(hf))
-    save_file(tensors, directory / "model.safetensors")
+    save_checkpoint(build_model(make_cfg(*overrides).model, torch.float32, seed=7), directory)
 
 
 @pytest.fixture
@@ -88,7 +67,8 @@ def test_config_json_is_read_and_compared(good):
         json.dumps({k: v for k, v in config.items() if k != "hidden_size"})
     )
     assert "no 'hidden_size' entry" in refusal(good)
-    (good / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
+    named_only_by_type = {k: v for k, v in config.items() if k != "architectures"}
+    (good / "config.json").write_text(json.dumps({**named_only_by_type, "model_type": "gpt2"}))
     assert "model_type='gpt2' is not supported" in refusal(good)
     (good / "config.json").write_text(json.dumps(config))
     message = refusal(good, "model.intermediate_size=96")

@@ -10,7 +10,7 @@ import torch
 
 from zkl.experiments.timing import cuda_time
 from zkl.experiments.workload import NEW_TOKENS, bench_requests
-from zkl.models.hf_checkpoint import to_hf
+from zkl.models.hf_export import hf_config, hf_state_dict
 from zkl.models.qwen_family import QWEN2
 from zkl.models.registry import family
 
@@ -52,25 +52,13 @@ def hf_model(model: torch.nn.Module) -> torch.nn.Module | str:
     cfg = model.cfg
     if family(cfg) is not QWEN2 or cfg.num_experts:
         return f"the comparison maps only dense qwen2 models, not {cfg.family}"
-    hf_cfg = transformers.Qwen2Config(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_hidden_layers,
-        num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_key_value_heads,
-        rope_theta=cfg.rope_theta,
-        rms_norm_eps=cfg.rms_norm_eps,
-        max_position_embeddings=cfg.max_position_embeddings,
-        tie_word_embeddings=cfg.tie_word_embeddings,
-    )
+    try:
+        hf_cfg = transformers.Qwen2Config(**hf_config(cfg))
+    except ValueError as err:
+        return str(err)
     with torch.device(model.embed_tokens.weight.device):
         hf = transformers.Qwen2ForCausalLM(hf_cfg).to(torch.bfloat16).eval()
-    state = {
-        (name if name.startswith("lm_head") else f"model.{name}"): p
-        for name, p in to_hf(model.state_dict(), cfg).items()
-    }
-    missing, unexpected = hf.load_state_dict(state, strict=False)
+    missing, unexpected = hf.load_state_dict(hf_state_dict(model), strict=False)
     missing = [m for m in missing if not (cfg.tie_word_embeddings and m == "lm_head.weight")]
     if missing or unexpected:
         return f"weights do not map onto transformers' Qwen2: {(missing + unexpected)[:3]}"

@@ -49,20 +49,25 @@ def hf_config(cfg: ModelConfig) -> dict:
     return hf
 
 
-def save_checkpoint(
-    model: torch.nn.Module, directory: str | Path, dtype: torch.dtype = torch.float32
-) -> Path:
-    """`model`'s weights (q/k/v and gate/up split into HF's projections, in `dtype`) and its
-    config.json in `directory`; a tied lm_head is not stored twice."""
+def hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """`model`'s weights under an HF checkpoint's names: q/k/v and gate/up split into HF's
+    projections (views), `model.` before all but the head, a tied lm_head left out."""
     cfg = model.cfg
-    config = hf_config(cfg)
-    tensors = {
-        (name if name.startswith("lm_head") else f"model.{name}"): t.detach().to(dtype).cpu()
+    return {
+        (name if name.startswith("lm_head") else f"model.{name}"): t
         for name, t in to_hf(model.state_dict(), cfg).items()
         if not (cfg.tie_word_embeddings and name == "lm_head.weight")
     }
+
+
+def save_checkpoint(
+    model: torch.nn.Module, directory: str | Path, dtype: torch.dtype = torch.float32
+) -> Path:
+    """`model`'s weights (`hf_state_dict`, in `dtype`) and its config.json in `directory`."""
+    config = hf_config(model.cfg)
+    tensors = {k: t.detach().to(dtype).cpu().contiguous() for k, t in hf_state_dict(model).items()}
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, out / "model.safetensors")
+    save_file(tensors, out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out

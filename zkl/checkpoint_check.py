@@ -14,12 +14,12 @@ import math
 import os
 import re
 import stat
-import sys
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
 
+from zkl.console import say
 from zkl.errors import ConfigError
 from zkl.memory import param_count
 from zkl.models.config import SHAPE_KEYS, ModelConfig
@@ -290,8 +290,7 @@ def warn_random_weights(model: ModelConfig) -> None:
     if model.checkpoint or param_count(model) < REAL_MODEL_PARAMS:
         return
     billions = param_count(model) / 1e9
-    print(
+    say(
         f"zkl: warning: model={model.name} has no model.checkpoint, so its {billions:.1f}B "
-        "weights are random (seeded init); set model.checkpoint=DIR for real weights.",
-        file=sys.stderr,
+        "weights are random (seeded init); set model.checkpoint=DIR for real weights."
     )

@@ -26,6 +26,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import OmegaConf, open_dict, read_write
 
+from zkl.console import say
 from zkl.errors import ConfigError, ForeignRunDir, RunFault
 from zkl.help import help_text
 from zkl.run import overrides
@@ -51,7 +52,7 @@ class JobFailed(RuntimeError):
 
 def _fail(prog: str, message: str, code: int) -> None:
     """One line and an exit code; inside a multirun, fail this job alone (the sweep goes on)."""
-    print(f"{prog}: {message}", file=sys.stderr)
+    say(f"{prog}: {message}")
     if _in_multirun():
         raise JobFailed(f"{prog}: {message}", code) from None
     sys.exit(code)
@@ -106,13 +107,12 @@ def run_hydra(prog: str, hydra_main: Callable[[], None], schema: type = ZklConfi
         module = type(err).__module__
         if module.startswith(("hydra", "omegaconf")):
             cause = f" ({_first_line(err.__cause__)})" if err.__cause__ is not None else ""
-            print(f"{prog}: {_first_line(err)}{cause}", file=sys.stderr)
+            say(f"{prog}: {_first_line(err)}{cause}")
             sys.exit(2)
         if name in ("FailedJobError", "UncompletedJobError"):  # submitit: a launched job failed
-            print(
+            say(
                 f"{prog}: a launched job failed: {_first_line(err)} (its run directory's "
-                "error.txt says why).",
-                file=sys.stderr,
+                "error.txt says why)."
             )
             sys.exit(1)
         raise
@@ -130,7 +130,7 @@ def guarded(prog: str, body: Callable[[], int | None]) -> None:
     except RunFault as err:
         _fail(prog, str(err), 1)
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted; every step logged so far is complete.", file=sys.stderr)
+        say(f"{prog}: interrupted; every step logged so far is complete.")
         sys.exit(130)
     else:
         if code:
@@ -193,7 +193,7 @@ class RunDirCheck(Callback):
     def _check(self, directory: str, key: str) -> None:
         problem = run_dir_problem(directory)
         if problem:
-            print(f"zkl: {key}={directory} {problem}; choose another {key}.", file=sys.stderr)
+            say(f"zkl: {key}={directory} {problem}; choose another {key}.")
             sys.exit(2)
 
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
@@ -211,4 +211,4 @@ class RunDirCheck(Callback):
                 )
         note = submission_note(config)
         if note:
-            print(f"zkl: {note}", file=sys.stderr)
+            say(f"zkl: {note}")

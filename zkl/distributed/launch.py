@@ -25,6 +25,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from zkl import distributed
+from zkl.console import say
 from zkl.distributed.checks import sharded
 from zkl.distributed.watchdog import Watchdog
 from zkl.environment import preempt_signal
@@ -113,10 +114,10 @@ def _rank_main(
         # into a failed one. The first exit handler to run is the last registered: this one.
         atexit.register(_exit_flushed)
     except ConfigError as err:
-        print(f"{prefix}: {err}", file=sys.stderr, flush=True)
+        say(f"{prefix}: {err}")
         sys.exit(2)
     except RunFault as err:
-        print(f"{prefix}: {err}", file=sys.stderr, flush=True)
+        say(f"{prefix}: {err}")
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)

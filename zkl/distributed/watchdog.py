@@ -12,11 +12,12 @@ each step).
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 
 import torch.distributed as dist
+
+from zkl.console import say
 
 GONE = "zkl/gone"  # the first rank found gone, for every other rank's report
 
@@ -68,7 +69,7 @@ class Watchdog(threading.Thread):
         if self._halt.is_set():
             return
         me, size = self.world.rank, self.world.size
-        print(f"zkl: rank {me} of {size}: {what}; this rank stops.", file=sys.stderr, flush=True)
+        say(f"zkl: rank {me} of {size}: {what}; this rank stops.")
         if gone is not None:  # tell the others which rank it was, before the store goes
             try:
                 self.store.set(GONE, str(gone))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from zkl import invariance
+from zkl import console, invariance
 from zkl.cli import job, run_hydra
 from zkl.data.tasks import build_task
 from zkl.device import resolve_device
@@ -147,7 +146,7 @@ def run_bench(cfg: BenchRunConfig, run_dir: str | Path) -> dict[str, float]:
 
 def say(message: str) -> None:
     """Progress on stderr: a benchmark is minutes of silence otherwise."""
-    print(f"zkl.bench: {message}", file=sys.stderr, flush=True)
+    console.say(f"zkl.bench: {message}")
 
 
 def write_result(result: dict, run_dir: str | Path) -> dict:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import sys
 import time
 from collections.abc import Callable, Iterator
 
@@ -26,6 +25,7 @@ import triton
 from torch.profiler import ProfilerActivity, profile
 
 from zkl import invariance
+from zkl.console import say
 from zkl.experiments.bench_gemm import gemm_rows
 from zkl.experiments.bench_hf import hf_generate
 from zkl.experiments.roofline import copy_bandwidth, decode_bytes, moe_layers
@@ -57,7 +57,7 @@ def generation(model: torch.nn.Module, batch: int, fixes: frozenset[str]) -> dic
     try:
         return {**_generation(model, batch, fixes, "on"), "graphs": 1}
     except Exception as exc:  # noqa: BLE001 - reported in the row, and on stderr
-        print(f"zkl.bench: graphs failed at batch {batch}: {exc!r}", file=sys.stderr)
+        say(f"zkl.bench: graphs failed at batch {batch}: {exc!r}")
         gc.collect()
         torch.cuda.empty_cache()
         return {**_generation(model, batch, fixes, "off"), "graphs": 0, "graphs_error": repr(exc)}
@@ -156,7 +156,7 @@ def _hf_rows(out: dict, model: torch.nn.Module, batch: int) -> dict[str, object]
     try:
         hf = hf_generate(model, batch)
     except Exception as exc:  # noqa: BLE001 - a peer's failure is a row, not the table's end
-        print(f"zkl.bench: transformers' generate failed: {exc!r}", file=sys.stderr)
+        say(f"zkl.bench: transformers' generate failed: {exc!r}")
         hf = f"failed: {exc!r}"
     if isinstance(hf, str):
         return {"hf/skipped": hf}

@@ -39,6 +39,7 @@ from omegaconf import DictConfig
 
 from zkl import invariance
 from zkl.cli import job, run_hydra
+from zkl.console import say
 from zkl.device import resolve_device
 from zkl.errors import NonFinite
 from zkl.experiments import ablation
@@ -76,7 +77,7 @@ def execute(run: Run, run_dir: Path, done: list[tuple[Run, dict[str, Any]]]) -> 
 
 
 def progress(message: str) -> None:
-    print(f"zkl.cert {message}", file=sys.stderr, flush=True)
+    say(f"zkl.cert {message}")
 
 
 def run_cert(cfg: CertRunConfig, run_dir: str | Path) -> list[dict[str, Any]]:
@@ -160,7 +161,7 @@ def certify_all(dcfg: DictConfig) -> int:
     results = run_cert(to_object(dcfg), HydraConfig.get().runtime.output_dir)
     certified = [r for r in results if r["kind"] == "bed"]
     if not certified:
-        print("zkl.cert: no bed ran, so nothing is certified.", file=sys.stderr)
+        say("zkl.cert: no bed ran, so nothing is certified.")
         return 1
     return 0 if all(r["passed"] for r in certified) else 1
 

@@ -11,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from zkl.console import say
 from zkl.report import page, wandb_report
 from zkl.report.runs import discover
 from zkl.report.tables import markdown
@@ -28,10 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sources = discover(args.dirs)
     except FileNotFoundError as err:
-        print(f"zkl.report: {err}", file=sys.stderr)
+        say(f"zkl.report: {err}")
         return 2
     if not (sources.runs or sources.bench or sources.cert):
-        print(f"zkl.report: no runs under {', '.join(args.dirs)}", file=sys.stderr)
+        say(f"zkl.report: no runs under {', '.join(args.dirs)}")
         return 2
     out = Path(args.out) if args.out else Path(args.dirs[0]) / "report.html"
     if out.is_dir():
@@ -41,10 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         out.with_suffix(".md").write_text(markdown(sources, args.title))
     except OSError as err:
         where = "--out" if args.out else "the first DIR (or pass --out)"
-        print(
+        say(
             f"zkl.report: cannot write {err.filename or out} ({err.strerror or err}); "
-            f"choose a writable {where}.",
-            file=sys.stderr,
+            f"choose a writable {where}."
         )
         return 2
     print(f"{out}\n{out.with_suffix('.md')}")
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             print(wandb_report.publish(wandb_report.build(sources, entity, project, args.title)))
         except Exception as err:  # offline, not logged in, no such project, ...
-            print(f"zkl.report: could not save the W&B Report ({err}).", file=sys.stderr)
+            say(f"zkl.report: could not save the W&B Report ({err}).")
             return 1
     return 0
 

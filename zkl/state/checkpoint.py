@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from zkl import distributed, environment
+from zkl.console import say
 from zkl.errors import RunFault
 from zkl.state import checkpoint_file
 from zkl.state import sharded as sharded_checkpoint
@@ -149,7 +150,7 @@ class Saver:
             # The run was being stopped (Slurm signals every process of the job, and the
             # generator's or W&B's may die first): exit as stopped, not as failed, so that
             # a requeued job is not reported failed. The last checkpoint stands.
-            print(f"zkl: stopping; the step in flight failed: {exc!r}", file=sys.stderr)
+            say(f"zkl: stopping; the step in flight failed: {exc!r}")
             raise SystemExit(128 + self.signals.received[0]) from exc
 
     def after_step(self, step: int) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import OmegaConf
 
 from zkl import environment, invariance
+from zkl.console import say
 from zkl.errors import ConfigError, ForeignRunDir
 from zkl.memory import param_count
 from zkl.state import checkpoint_file
@@ -105,14 +105,14 @@ def prepare(cfg: ZklConfig, run_dir: str | Path) -> Resume:
         path.unlink(missing_ok=True)  # a stale checkpoint must never meet these new metrics
         return Resume()
     if state is None:
-        print(f"zkl: no {CHECKPOINT_FILE} in {run_dir}: starting from step 0", file=sys.stderr)
+        say(f"zkl: no {CHECKPOINT_FILE} in {run_dir}: starting from step 0")
         trim_logs(run_dir, 0)
         return Resume()
     _check_same_config(cfg, state["config"])
     _check_engine_state_free(cfg)
     step = state["step"]
     trim_logs(run_dir, step)
-    print(f"zkl: resuming {run_dir} from step {step}", file=sys.stderr)
+    say(f"zkl: resuming {run_dir} from step {step}")
     return Resume(step, state, state["wandb_id"], str(run_dir))
 
 

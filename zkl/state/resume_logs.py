@@ -5,10 +5,10 @@ without trusting them (torn, blank, repeated or later lines dropped), or the res
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from zkl.console import say
 from zkl.errors import ConfigError
 from zkl.state.checkpoint_file import CHECKPOINT_FILE
 from zkl.tracking.jsonl import Line, read_jsonl
@@ -34,7 +34,7 @@ class LogScan:
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text("".join(line for _, line in self.kept))
         os.replace(tmp, self.path)
-        print(f"zkl: {self.path}: dropped {', '.join(self.notes)}", file=sys.stderr)
+        say(f"zkl: {self.path}: dropped {', '.join(self.notes)}")
 
 
 def _step_of(line: Line) -> int | None:

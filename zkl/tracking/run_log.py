@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from zkl import invariance
+from zkl.console import say
 from zkl.errors import ConfigError, RunFault
 from zkl.tracking import wandb_run
 from zkl.tracking.jsonl import NOT_JSON, read_jsonl
@@ -167,7 +167,7 @@ class RunLog:
             self._wandb_lost(err)
 
     def _wandb_lost(self, err: Exception) -> None:
-        print(f"zkl: W&B stopped ({type(err).__name__}); metrics.jsonl goes on", file=sys.stderr)
+        say(f"zkl: W&B stopped ({type(err).__name__}); metrics.jsonl goes on")
         self._wandb = None
 
     def log_tokens(self, records: list[dict[str, Any]], sync: bool = False) -> None:

@@ -32,6 +32,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from zkl.console import say
+
 if TYPE_CHECKING:
     from wandb.proto.wandb_internal_pb2 import Record
 
@@ -345,17 +347,16 @@ def main(argv: list[str] | None = None) -> int:
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0] in ("-h", "--help"):
-        print(
+        say(
             "usage: python -m zkl.tracking.wandb_reader RUN_DIR (a run directory, its wandb/ "
             "folder, an offline-run-* folder or a .wandb file): prints the run's id, group, "
-            "history length and last row.",
-            file=sys.stderr,
+            "history length and last row."
         )
         return 0 if args[:1] in (["-h"], ["--help"]) else 2
     try:
         print(summarize(args[0]))
     except (ValueError, OSError) as err:
-        print(f"zkl.tracking.wandb_reader: {err}", file=sys.stderr)
+        say(f"zkl.tracking.wandb_reader: {err}")
         return 2
     return 0
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import netrc
 import os
-import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from zkl.console import say
 from zkl.errors import RunFault
 
 DEFAULT_BASE_URL = "https://api.wandb.ai"
@@ -69,7 +69,7 @@ def start(cfg: Any, run_dir: Path, config: dict, wandb_id: str | None, group: st
 
     mode = wb.mode
     if mode == "online" and not has_api_key():  # fallback=offline (else validate refused)
-        print("zkl: no W&B API key; logging offline (tracking.wandb.fallback)", file=sys.stderr)
+        say("zkl: no W&B API key; logging offline (tracking.wandb.fallback)")
         mode = "offline"
     kwargs = dict(
         project=wb.project,
@@ -89,10 +89,9 @@ def start(cfg: Any, run_dir: Path, config: dict, wandb_id: str | None, group: st
             raise
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         if wb.fallback == "offline":
-            print(
+            say(
                 f"zkl: W&B online could not start ({reason}); logging offline "
-                "(tracking.wandb.fallback=offline)",
-                file=sys.stderr,
+                "(tracking.wandb.fallback=offline)"
             )
             return wandb.init(mode="offline", **kwargs)
         raise RunFault(

@@ -165,13 +165,20 @@ def attention(
         starts_at_zero = bool((q_pos == torch.arange(num_q, device=q.device)).all())
         if starts_at_zero and num_keys == num_q and not 0 < window < num_keys:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=enable_gqa)
-    keys = torch.arange(k.shape[2], device=q.device)
-    mask = keys <= q_pos.unsqueeze(-1)  # [B, Tq, Tk]
-    if window:
-        mask &= keys > q_pos.unsqueeze(-1) - window
+    mask = visible_keys(q_pos, k.shape[2], window)  # [B, Tq, Tk]
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask.unsqueeze(1), enable_gqa=enable_gqa
     )
+
+
+def visible_keys(q_pos: torch.Tensor, num_keys: int, window: int = 0) -> torch.Tensor:
+    """[..., Tq, num_keys] bool: which keys each query sees. A query at p sees the keys
+    0..p, or with `window` W > 0 only p-W+1..p: the one mask of the eager forms."""
+    keys = torch.arange(num_keys, device=q_pos.device)
+    visible = keys <= q_pos.unsqueeze(-1)
+    if window:
+        visible &= keys > q_pos.unsqueeze(-1) - window
+    return visible
 
 
 def attention_with_sinks(
@@ -189,10 +196,7 @@ def attention_with_sinks(
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     scores = torch.matmul(q, k.transpose(2, 3)) * q.shape[-1] ** -0.5  # [B, H, Tq, Tk]
-    keys = torch.arange(k.shape[2], device=q.device)
-    visible = keys <= q_pos.unsqueeze(-1)  # [B, Tq, Tk]
-    if window:
-        visible &= keys > q_pos.unsqueeze(-1) - window
+    visible = visible_keys(q_pos, k.shape[2], window)  # [B, Tq, Tk]
     scores = scores.masked_fill(~visible.unsqueeze(1), float("-inf"))
     sink = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:3], 1)
     probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]

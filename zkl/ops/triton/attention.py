@@ -14,7 +14,6 @@ from zkl.ops.fast import attention_with_sinks
 from zkl.ops.triton.attention_default import (
     DEFAULT_TILE,
     attention_default,
-    default_chunk,
     window_mask,
 )
 from zkl.ops.triton.attention_kernels import (
@@ -44,7 +43,6 @@ __all__ = [
     "choose",
     "decode",
     "decode_split",
-    "default_chunk",
     "prefill",
 ]
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from zkl.ops.fast import attention_with_sinks
+from zkl.ops.fast import attention_with_sinks, visible_keys
 from zkl.ops.triton.attention_kernels import KEY_BLOCK, REF_M, Tile, decode, prefill
 from zkl.ops.triton.gemm import sm_count
 
@@ -30,8 +30,7 @@ def _from_zero(q_pos: torch.Tensor) -> bool:
 
 def window_mask(num_q: int, window: int, device: torch.device) -> torch.Tensor:
     """[Tq, Tq] bool: query i sees keys i-window+1..i (queries at positions 0..T-1)."""
-    at = torch.arange(num_q, device=device)
-    return (at[None, :] <= at[:, None]) & (at[None, :] > at[:, None] - window)
+    return visible_keys(torch.arange(num_q, device=device), num_q, window)
 
 
 def attention_default(

@@ -238,8 +238,8 @@ def _prefill_kernel(
     end = tl.max(pos, axis=0) + 1
     w_lo = pos - window
     # chunks before every query's window would leave every state untouched: start after them
-    first_key = tl.min(tl.where(valid_m, tl.maximum(w_lo + 1, 0), end), axis=0)
-    c_first = (first_key // CHUNK_KEYS) * CHUNK_KEYS
+    first_pos = tl.min(tl.where(valid_m, pos, end), axis=0)
+    c_first = _first_chunk(first_pos, window, CHUNK_KEYS) * CHUNK_KEYS
     big_m, big_l, big_o = _empty_state(BLOCK_M, BLOCK_D)
     if NESTED:
         for c_lo in range(c_first, end, CHUNK_KEYS):

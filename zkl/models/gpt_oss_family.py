@@ -20,6 +20,7 @@ from zkl.models import mxfp4
 from zkl.models.config import ModelConfig, check_top_k
 from zkl.models.family import Family
 from zkl.models.gpt_oss import GptOss
+from zkl.models.hf_config import decoder_fields
 from zkl.models.transformer import init_weights
 
 _EXPERTS = re.compile(r"^(layers\.\d+\.mlp)\.experts\.(gate_up_proj|down_proj)(_blocks|_scales)?$")
@@ -42,19 +43,11 @@ def config_from_hf(hf: dict, base: ModelConfig) -> ModelConfig:
         raise ValueError(
             f"config.json rope type {rope_type!r} is not supported for gpt_oss (yarn)."
         )
-    hidden, heads = hf["hidden_size"], hf["num_attention_heads"]
-    layers = hf["num_hidden_layers"]
+    decoder_fields(hf, base)
+    base.moe_intermediate_size = base.intermediate_size
     bias = bool(hf.get("attention_bias", True))
-    default_types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
-    base.vocab_size = hf["vocab_size"]
-    base.hidden_size = hidden
-    base.num_hidden_layers = layers
-    base.num_attention_heads = heads
-    base.num_key_value_heads = hf.get("num_key_value_heads") or heads
-    base.head_dim = hf.get("head_dim") or hidden // heads
-    base.intermediate_size = base.moe_intermediate_size = hf["intermediate_size"]
-    base.max_position_embeddings = hf["max_position_embeddings"]
-    base.tie_word_embeddings = bool(hf.get("tie_word_embeddings", False))
+    layers = range(base.num_hidden_layers)
+    default_types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in layers]
     base.rms_norm_eps = float(hf.get("rms_norm_eps", 1e-5))
     base.rope_theta = float(rope.get("rope_theta", hf.get("rope_theta", 150000.0)))
     base.yarn_factor = float(rope.get("factor") or 1.0) if rope_type == "yarn" else 1.0
@@ -128,22 +121,23 @@ def convert(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, tor
     out: dict[str, torch.Tensor] = {}
     stacks: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
-        if _ROUTER.match(key):
-            prefix, attr = _ROUTER.match(key).groups()
+        if router := _ROUTER.match(key):
+            prefix, attr = router.groups()
             out[f"{prefix}.gate.{attr}"] = tensor
         elif key.endswith("_bias") and ".mlp.experts." in key:
             prefix = key.split(".experts.")[0]
             stacks.setdefault(prefix, {})[key.rsplit(".", 1)[1]] = tensor
-        elif _EXPERTS.match(key):
-            prefix, proj, suffix = _EXPERTS.match(key).groups()
+        elif experts := _EXPERTS.match(key):
+            prefix, proj, suffix = experts.groups()
             stacks.setdefault(prefix, {})[proj + (suffix or "")] = tensor
         else:
             out[key] = tensor
     e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
     for prefix, parts in stacks.items():
         name = f"{prefix}.experts"
-        gate_up = _stacked(f"{name}.gate_up_proj", {f"{name}.{k}": v for k, v in parts.items()})
-        down = _stacked(f"{name}.down_proj", {f"{name}.{k}": v for k, v in parts.items()})
+        named = {f"{name}.{k}": v for k, v in parts.items()}
+        gate_up = _stacked(f"{name}.gate_up_proj", named)
+        down = _stacked(f"{name}.down_proj", named)
         up_bias, down_bias = parts.get("gate_up_proj_bias"), parts.get("down_proj_bias")
         if up_bias is None or down_bias is None:
             raise ValueError(f"checkpoint has no {name}.gate_up_proj_bias / down_proj_bias.")

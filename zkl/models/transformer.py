@@ -91,12 +91,18 @@ class RotaryEmbedding(nn.Module):
             self.register_buffer("sin", torch.empty(shape), persistent=False)
             return
         # Built on the CPU whatever the model's device, so every device gets the same tables.
-        inv_freq = inverse_frequencies(cfg)  # [D/2] float64
+        inv_freq, scale = self.frequencies(cfg)  # [D/2] float64
         positions = torch.arange(shape[0], dtype=torch.float64, device="cpu")
         angles = torch.outer(positions, inv_freq)
         angles = torch.cat([angles, angles], dim=-1)
-        self.register_buffer("cos", angles.cos().float(), persistent=False)
-        self.register_buffer("sin", angles.sin().float(), persistent=False)
+        self.register_buffer("cos", (angles.cos() * scale).float(), persistent=False)
+        self.register_buffer("sin", (angles.sin() * scale).float(), persistent=False)
+
+    @staticmethod
+    def frequencies(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
+        """(inverse frequencies [D/2] float64 on the CPU, the cos/sin scale): by
+        `model.rope_type`, unscaled."""
+        return inverse_frequencies(cfg), 1.0
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x [B, H, T, D], positions [B, T] (megatron's layout; zkl's models call `ops.rotary`)."""

@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
 
 from zkl.models.config import ModelConfig
+from zkl.models.transformer import RotaryEmbedding
 
 
 def _correction_dim(rotations: float, dim: int, base: float, context: int) -> float:
@@ -23,7 +23,8 @@ def _correction_dim(rotations: float, dim: int, base: float, context: int) -> fl
 
 
 def yarn_frequencies(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
-    """(inverse frequencies [D/2] float64, the cos/sin scale) of `cfg`'s YaRN parameters."""
+    """(inverse frequencies [D/2] float64 on the CPU, the cos/sin scale) of `cfg`'s YaRN
+    parameters."""
     dim, base, factor = cfg.head_dim, cfg.rope_theta, cfg.yarn_factor
     context = cfg.yarn_original_max_position_embeddings
     low = _correction_dim(cfg.yarn_beta_fast, dim, base, context)
@@ -33,24 +34,18 @@ def yarn_frequencies(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
     low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001  # a ramp of zero width
-    steps = torch.arange(0, dim, 2, dtype=torch.float64)
+    steps = torch.arange(0, dim, 2, dtype=torch.float64, device="cpu")
     extrapolated = 1.0 / base ** (steps / dim)
     interpolated = extrapolated / factor
-    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    pair = torch.arange(dim // 2, dtype=torch.float64, device="cpu")
+    ramp = ((pair - low) / (high - low)).clamp(0, 1)
     keep = 1 - ramp  # 1: keep the original frequency
     inv_freq = interpolated * (1 - keep) + extrapolated * keep
     scale = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
     return inv_freq, scale
 
 
-class YarnRotaryEmbedding(nn.Module):
-    """cos/sin tables [P, D] (fp32) for every position, YaRN-scaled; read by `ops.rotary`."""
+class YarnRotaryEmbedding(RotaryEmbedding):
+    """`RotaryEmbedding`'s tables with YaRN's frequencies and cos/sin scale."""
 
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        inv_freq, scale = yarn_frequencies(cfg)
-        positions = torch.arange(cfg.max_position_embeddings, dtype=torch.float64)
-        angles = torch.outer(positions, inv_freq)
-        angles = torch.cat([angles, angles], dim=-1)
-        self.register_buffer("cos", (angles.cos() * scale).float(), persistent=False)
-        self.register_buffer("sin", (angles.sin() * scale).float(), persistent=False)
+    frequencies = staticmethod(yarn_frequencies)

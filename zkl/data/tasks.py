@@ -115,13 +115,12 @@ class AddTask:
         return [*self.tokenizer.encode(problem.answer), self.tokenizer.eos_id]
 
     def reward(self, problem: Problem, response: list[int]) -> float:
-        tok = self.tokenizer
-        answer = tok.encode(problem.answer)
-        if response == [*answer, tok.eos_id]:
+        if response == self.target(problem):
             return 1.0
+        answer = self.tokenizer.encode(problem.answer)
         if response[: len(answer)] == answer:
             return 0.5
-        if response and response[0] in tok.digit_ids:
+        if response and response[0] in self.tokenizer.digit_ids:
             return 0.2
         return 0.0
 

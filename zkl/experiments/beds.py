@@ -90,11 +90,6 @@ class Run:
 def plan(cfg: CertRunConfig) -> list[Run]:
     """Every run, each reference before the runs judged against it; all checked up front."""
     check_cert(cfg.cert)
-    if cfg.cert.steps == 1:
-        raise ConfigError(
-            "cert.steps=1 certifies no refit (its one rollout sees the initial weights); "
-            "use 0 for step-0 or at least 2."
-        )
     if cfg.cert.ablate and not invariance.from_config(cfg):
         raise ConfigError(
             "cert.ablate=true turns the fixes off one at a time, but none is on; "

@@ -39,6 +39,11 @@ def check_cert(cert: CertConfig) -> None:
     checked as the beds are planned, `zkl.experiments.beds`)."""
     if cert.steps < 0:
         raise ConfigError(f"cert.steps={cert.steps} must be >= 0.")
+    if cert.steps == 1:
+        raise ConfigError(
+            "cert.steps=1 certifies no refit (its one rollout sees the initial weights); "
+            "use 0 for step-0 or at least 2."
+        )
 
 
 def check_bench(bench: BenchConfig, on_cuda: bool) -> None:

@@ -25,13 +25,10 @@ from zkl.ops.triton.gemm import (
     fixed_config,
     gemm,
     gemm_tma_kernel,
+    sm_count,
     tile_coords,
     tma_tile,
 )
-
-
-def _sms() -> int:
-    return torch.cuda.get_device_properties(0).multi_processor_count
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -105,10 +102,10 @@ def tma(x, w, cfg, persist=False, ws=False):
         TensorDescriptor.from_tensor(w, [bn, bk]),
         TensorDescriptor.from_tensor(out, [bm, bn]),
     )
-    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    tiles, sms = triton.cdiv(m, bm) * triton.cdiv(n, bn), sm_count(x.device)
     launch = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=GROUP_M, num_warps=warps)
     if ws:
-        _tma_ws_kernel[(min(_sms(), tiles),)](
+        _tma_ws_kernel[(min(sms, tiles),)](
             *descs,
             m,
             n,
@@ -117,19 +114,19 @@ def tma(x, w, cfg, persist=False, ws=False):
             BN=bn,
             BK=bk,
             GROUP=GROUP_M,
-            NUM_SMS=_sms(),
+            NUM_SMS=sms,
             num_warps=warps,
             num_stages=stages,
         )
     else:
-        gemm_tma_kernel[(min(_sms(), tiles) if persist else tiles,)](
+        gemm_tma_kernel[(min(sms, tiles) if persist else tiles,)](
             *descs,
             x,
             m,
             n,
             k,
             HAS_BIAS=False,
-            NUM_SMS=_sms(),
+            NUM_SMS=sms,
             PERSISTENT=persist,
             num_stages=stages,
             **launch,

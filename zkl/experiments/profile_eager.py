@@ -16,13 +16,13 @@ import torch
 from zkl import invariance
 from zkl.experiments.workload import MODES, bench_requests
 from zkl.generation.engine import GenerationEngine
+from zkl.layouts.engine_setup import build_generation_model
 from zkl.run.compose import compose
-from zkl.trainer.build import build_policy
 
 
 def main(overrides: list[str]) -> None:
     cfg = compose(["device=cuda", "model=qwen2_5_1_5b", "tracking.wandb.mode=disabled", *overrides])
-    model = build_policy(cfg).model
+    model = build_generation_model(cfg)  # the generator's model: no optimizer, no masters
     requests = bench_requests(16, cfg.model.vocab_size)
     for mode, fixes in MODES.items():
         with invariance.enabled(fixes):

@@ -32,6 +32,7 @@ from zkl.rl.evaluate import answered_right
 from zkl.run.compose import compose
 from zkl.run.overrides import normalize, preflight
 from zkl.run.validate import validate
+from zkl.trainer.scoring import pad_sequences
 
 PROBLEM_SEED = 0x5F7  # added to `seed`: the warm start's problems are not a GRPO run's
 
@@ -39,14 +40,10 @@ PROBLEM_SEED = 0x5F7  # added to `seed`: the warm start's problems are not a GRP
 def batch(task, problems) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded prompt + right response tokens [B, T], and the mask [B, T-1] of the
     positions whose next token is a response token."""
-    rows = [(task.prompt(p), task.target(p)) for p in problems]
-    width = max(len(a) + len(b) for a, b in rows)
-    tokens = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros(len(rows), width - 1, dtype=torch.bool)
-    for i, (prompt, target) in enumerate(rows):
-        tokens[i, : len(prompt) + len(target)] = torch.tensor(prompt + target)
-        mask[i, len(prompt) - 1 : len(prompt) + len(target) - 1] = True
-    return tokens, mask
+    tokens, mask = pad_sequences(
+        [task.prompt(p) for p in problems], [task.target(p) for p in problems]
+    )
+    return tokens, mask[:, :-1]  # the last position predicts nothing
 
 
 def loss_of(model, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

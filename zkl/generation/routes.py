@@ -14,11 +14,10 @@ import it), as the KV cache does.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
 import torch
 
-_tape: RouteTape | None = None
+from zkl.switch import Switch
 
 
 class RouteTape:
@@ -50,19 +49,16 @@ class RouteTape:
         return given if self.use else None
 
 
+_TAPE: Switch[RouteTape | None] = Switch("route_tape", None)
+
+
 def active() -> RouteTape | None:
-    return _tape
+    return _TAPE.get()
 
 
-@contextlib.contextmanager
-def taping(tape: RouteTape | None) -> Iterator[RouteTape | None]:
+def taping(tape: RouteTape | None) -> contextlib.AbstractContextManager[RouteTape | None]:
     """Inside the block, MoE layers record into / replay from `tape` (None: neither)."""
-    global _tape
-    previous, _tape = _tape, tape
-    try:
-        yield tape
-    finally:
-        _tape = previous
+    return _TAPE.scoped(tape)
 
 
 def route_dtype(num_experts: int) -> torch.dtype:
@@ -74,7 +70,7 @@ def store(routes: torch.Tensor | None, slots: torch.Tensor, positions: torch.Ten
     """The ids the active tape recorded in this forward ([L] x [B*T, k]) into `routes`
     [slots, max_len, L, k] at rows `slots` [B], `positions` [B, T]; rows where `live` [B] is
     False keep theirs. Device ops only (the decode step stays capturable)."""
-    tape = _tape
+    tape = _TAPE.get()
     if routes is None or tape is None or tape.replay is not None:
         return
     taken, tape.recorded = tape.recorded, []

@@ -8,10 +8,10 @@ none of them is a run that never got going (shown, never skipped). `bench.json` 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from zkl import invariance
+from zkl.run.model_overrides import model_keys, names_model_group
 from zkl.tracking.errors import ERROR_FILE, read_error
 from zkl.tracking.jsonl import NOT_JSON, read_jsonl
 from zkl.tracking.run_log import CONFIG_FILE, METRICS_FILE, axes, flatten
@@ -36,8 +37,9 @@ class Run:
     error: str | None = None
     damage: str | None = None  # why its files cannot be read whole (a failed run, with reason)
 
-    @property
+    @functools.cached_property
     def flat(self) -> dict[str, Any]:
+        """The config's dotted keys (read for every axis of every table: flattened once)."""
         return flatten(self.config)
 
     @property
@@ -167,10 +169,10 @@ def _as_resolved(tree: dict[str, Any], overrides: list[str]) -> None:
     model, task = tree.get("model"), tree.get("task")
     if not isinstance(model, dict) or not model.get("checkpoint"):
         return
-    if any(re.match(r"^[+~]*model=", o) for o in overrides):
+    if names_model_group(overrides):
         return
     checkpoint = str(model["checkpoint"])
-    named = any(re.match(r"^[+~]*model\.name=", o) for o in overrides)
+    named = "name" in model_keys(overrides)
     tree["model"] = {"name": model["name"] if named else Path(checkpoint).name}
     tree["model"]["checkpoint"] = checkpoint
     if isinstance(task, dict) and task.get("name") == "dataset" and not task.get("tokenizer"):

@@ -105,9 +105,13 @@ def _breakable(text: str, after: re.Pattern = _BREAK_AFTER) -> str:
     return after.sub(r"\1<wbr>", html.escape(text))
 
 
+def _value_order(axis: str, value: str) -> tuple[int, str]:
+    """An axis value's place: sorted, the fixes' baseline (all on) first."""
+    return (0 if axis == "fixes" and value == label(FIXES) else 1, value)
+
+
 def _sort_value(run: Run, axis: str) -> tuple[int, str]:
-    value = axis_value(run, axis)
-    return (0 if axis == "fixes" and value == label(FIXES) else 1, value)  # the baseline first
+    return _value_order(axis, axis_value(run, axis))
 
 
 def ordered(runs: list[Run], axes: list[str]) -> list[Run]:
@@ -128,7 +132,7 @@ def runs_table(runs: list[Run]) -> Table:
         row += [*(Cell(axis_value(run, a)) for a in axes), Cell(run.status)]
         row += [cell(s[key]) for key, _ in shown]
         table.rows.append(row)
-    zero = sum(1 for r in runs if r.rows and not r.damage and summary(r)["kl_max"] == 0.0)
+    zero = sum(1 for r in runs if r.rows and not r.damage and summaries[r.name]["kl_max"] == 0.0)
     table.note = f"{zero} of {len(runs)} runs have gen_kl_error exactly 0 at every step."
     if any(r.status != "complete" for r in runs):
         table.note += " Why a run failed or is incomplete: the table of those runs below."
@@ -161,7 +165,7 @@ def grid_table(runs: list[Run]) -> Table | None:
     if across is None:
         return None
     down = [a for a in axes if a != across]
-    columns = sorted({axis_value(r, across) for r in runs}, key=lambda v: (v != label(FIXES), v))
+    columns = sorted({axis_value(r, across) for r in runs}, key=lambda v: _value_order(across, v))
     beds: dict[tuple[str, ...], dict[str, list[Run]]] = {}
     for r in ordered(runs, down):
         bed = tuple(axis_value(r, a) for a in down)

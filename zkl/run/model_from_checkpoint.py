@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -23,9 +22,7 @@ from omegaconf import OmegaConf
 from zkl.checkpoint_check import checkpoint_config
 from zkl.errors import ConfigError
 from zkl.models.config import ModelConfig
-
-_MODEL_KEY = re.compile(r"^[+~]*model\.([A-Za-z_][A-Za-z0-9_]*)=")
-_MODEL_GROUP = re.compile(r"^[+~]*model=")
+from zkl.run.model_overrides import model_keys, names_model_group
 
 
 def hydra_overrides() -> list[str] | None:
@@ -45,7 +42,7 @@ def _stock(name: str, conf_dir: str) -> ModelConfig | None:
 
 def explicit_model_keys(model: ModelConfig, overrides: list[str], conf_dir: str) -> set[str]:
     """`model.*` keys the user set: named in an override or differing from the group's YAML."""
-    keys = {m.group(1) for o in overrides if (m := _MODEL_KEY.match(o))}
+    keys = model_keys(overrides)
     stock = _stock(model.name, conf_dir)
     if stock is not None:
         keys |= {
@@ -87,7 +84,7 @@ def resolve_checkpoint(cfg, overrides: list[str] | None, conf_dir: str):
     """`cfg` with its model read from `model.checkpoint` when no model group was named, and
     `task.tokenizer` defaulting to the checkpoint for a dataset task."""
     overrides = overrides or []
-    if cfg.model.checkpoint and not any(_MODEL_GROUP.match(o) for o in overrides):
+    if cfg.model.checkpoint and not names_model_group(overrides):
         explicit = explicit_model_keys(cfg.model, overrides, conf_dir)
         cfg.model = model_from_checkpoint(cfg.model, explicit)
     task = cfg.task

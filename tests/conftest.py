@@ -18,6 +18,10 @@ os.environ.setdefault("WANDB_DISABLE_CODE", "true")
 os.environ.setdefault("WANDB_CONSOLE", "off")
 if not torch.cuda.is_available():  # the Triton kernels' logic runs on the CPU interpreter
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# The interpreter tests run Triton's kernels on a CPU-only machine; a GPU machine runs them
+# compiled, in the `gpu` tests.
+INTERPRETED = not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") == "1"
+NOT_INTERPRETED = "interpreter tests run on CPU-only machines"
 
 # The report's plots need plotly (a dependency); the bare GPU image that runs `-m gpu` lacks
 # it, and a module that cannot import would stop the whole collection there.

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import os
 from collections.abc import Callable
 
 import pytest
 import torch
-from conftest import rope_tables
+from conftest import INTERPRETED, rope_tables
 
 from zkl import invariance, ops
 from zkl.generation.slots import SlotState
@@ -38,7 +37,7 @@ def _cuda_forms_device() -> str | None:
         return None
     if torch.cuda.is_available():
         return "cuda"
-    return "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else None
+    return "cpu" if INTERPRETED else None
 
 
 def _randn(*shape, dtype=torch.float32, device="cpu", seed=0) -> torch.Tensor:

@@ -4,10 +4,9 @@ across chunk merges."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from conftest import INTERPRETED, NOT_INTERPRETED
 
 from zkl import invariance, ops
 from zkl.ops import fast, invariant
@@ -64,10 +63,7 @@ def test_reference_sinks_get_a_gradient():
     torch.testing.assert_close(got, sinks.grad, rtol=1e-4, atol=1e-5)
 
 
-triton_only = pytest.mark.skipif(
-    torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1",
-    reason="interpreter tests run on CPU-only machines",
-)
+triton_only = pytest.mark.skipif(not INTERPRETED, reason=NOT_INTERPRETED)
 
 
 @triton_only

@@ -9,16 +9,14 @@ bitwise claims on the device.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from conftest import INTERPRETED, NOT_INTERPRETED, rope_tables
 
 pytest.importorskip("triton")
-if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("interpreter tests run on CPU-only machines", allow_module_level=True)
+if not INTERPRETED:
+    pytest.skip(NOT_INTERPRETED, allow_module_level=True)
 
-from conftest import rope_tables  # noqa: E402
 
 from zkl.ops import fast  # noqa: E402
 from zkl.ops.triton import attention, fused, rowwise  # noqa: E402

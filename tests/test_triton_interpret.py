@@ -7,14 +7,13 @@ online softmax, strides, the KV-row indirection and the backward passes.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from conftest import INTERPRETED, NOT_INTERPRETED
 
 pytest.importorskip("triton")
-if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("interpreter tests run on CPU-only machines", allow_module_level=True)
+if not INTERPRETED:
+    pytest.skip(NOT_INTERPRETED, allow_module_level=True)
 
 from zkl.ops import fast  # noqa: E402
 from zkl.ops.triton import attention, gemm, rowwise  # noqa: E402

@@ -8,10 +8,9 @@ edge and across chunk merges, since every path counts chunks from position 0.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from conftest import INTERPRETED, NOT_INTERPRETED
 
 from zkl.ops import fast, invariant
 
@@ -70,8 +69,8 @@ def test_a_window_wider_than_the_context_is_full_attention():
 
 def _interpreter():
     pytest.importorskip("triton")
-    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("interpreter tests run on CPU-only machines")
+    if not INTERPRETED:
+        pytest.skip(NOT_INTERPRETED)
     from zkl.ops.triton import attention
 
     return attention

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import make_cfg
+from test_hostile_input import refusal
 
 from zkl.models.config import ModelConfig
 from zkl.models.hf_checkpoint import model_config_from_hf
@@ -112,24 +113,13 @@ def test_an_unknown_model_family_names_the_supported_ones():
     assert all(name in str(err.value) for name in FAMILIES)
 
 
-def _refusal(*overrides: str) -> str:
-    from zkl.errors import ConfigError
-    from zkl.run.validate import validate
-
-    with pytest.raises(ConfigError) as err:
-        validate(make_cfg(*overrides))
-    message = str(err.value)
-    assert "\n" not in message
-    return message
-
-
 def test_a_window_wider_than_the_context_is_one_sentence():
     """W >= every position is full attention; a W past model.max_position_embeddings is a slip
     (a checkpoint's config.json with such a window reads as full attention instead)."""
-    message = _refusal("model=tiny_mistral", "model.sliding_window=500")
+    message = refusal(["model=tiny_mistral", "model.sliding_window=500"])
     assert "model.sliding_window=500" in message and "max_position_embeddings=128" in message
-    assert "model.sliding_window must be 0" in _refusal(
-        "model=tiny_llama", "model.sliding_window=8"
+    assert "model.sliding_window must be 0" in refusal(
+        ["model=tiny_llama", "model.sliding_window=8"]
     )
-    assert "model.rope_type='dynamic'" in _refusal("model=tiny_llama", "model.rope_type=dynamic")
-    assert "qwen2" in _refusal("model.family=gpt2") and "mistral" in _refusal("model.family=gpt2")
+    assert "model.rope_type='dynamic'" in refusal(["model=tiny_llama", "model.rope_type=dynamic"])
+    assert "qwen2" in refusal(["model.family=gpt2"]) and "mistral" in refusal(["model.family=gpt2"])

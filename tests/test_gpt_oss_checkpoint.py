@@ -10,9 +10,9 @@ import pytest
 import torch
 from conftest import make_cfg
 from safetensors.torch import load_file, save_file
+from test_checkpoint_check import refusal
 from test_gpt_oss_peer import make_hf
 
-from zkl.errors import ConfigError
 from zkl.models import mxfp4
 from zkl.run.validate import validate
 
@@ -46,14 +46,6 @@ def _to_mxfp4(tensors: dict) -> None:
 
 def _mxfp4_config(config: dict) -> None:
     config["quantization_config"] = {"quant_method": "mxfp4"}
-
-
-def refusal(checkpoint: Path) -> str:
-    with pytest.raises(ConfigError) as err:
-        validate(make_cfg(f"model.checkpoint={checkpoint}"))
-    message = str(err.value)
-    assert message.startswith(f"model.checkpoint={checkpoint}") and "\n" not in message
-    return message
 
 
 def test_bf16_and_mxfp4_checkpoints_validate(saved, tmp_path):

@@ -110,6 +110,26 @@ def test_vocab_logprobs_rows_invariant():
     assert torch.equal(sliced, as_rows)
 
 
+def test_fp32_gemm_rounds_as_fp32_in_both_forms():
+    """Triton's `tl.dot` takes fp32 inputs as TF32 (10 mantissa bits) unless told otherwise;
+    both GEMM forms (pointer and TMA) are told. TF32 is ~100x further from float64 here."""
+    from zkl.ops.triton import gemm
+
+    g = torch.Generator(device=DEV).manual_seed(3)
+    x = torch.randn(300, 4096, device=DEV, generator=g)
+    w = torch.randn(1024, 4096, device=DEV, generator=g) * 0.05
+    exact = x.double() @ w.double().T
+    for tma in (False, True):
+        err = (gemm._product(x, w, None, gemm.FP32, tma).double() - exact).abs().max().item()
+        assert err < 1e-4, (tma, err)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        tf32 = ((x @ w.T).double() - exact).abs().max().item()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = False
+    assert tf32 > 1e-4  # the tolerance tells TF32 from fp32
+
+
 def _qkv(seq: int, heads=(12, 2), dim=128):
     g = torch.Generator(device=DEV).manual_seed(4)
     q = torch.randn(3, heads[0], seq, dim, device=DEV, generator=g).to(torch.bfloat16)

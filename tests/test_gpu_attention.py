@@ -57,12 +57,13 @@ def test_prefill_decode_and_scoring_agree_bitwise_up_to_32k():
 
 
 def _decode_every_query(q, k, v) -> torch.Tensor:
-    """Each query of row 0 decoded alone (one decode row each, all reading slot 0): [H, T, D]."""
+    """Each query of row 0 decoded alone (one decode row each, all reading slot 0), with the
+    decode tile the engine runs: [H, T, D]."""
     seq = q.shape[2]
     at = torch.arange(seq, device=DEV)
     q_dec = q[0, :, at].unsqueeze(2).transpose(0, 1)  # [T, H, 1, D]
     slots = torch.zeros(seq, dtype=torch.long, device=DEV)
-    return attn.decode(q_dec, k[:1], v[:1], at.view(-1, 1), slots)[:, :, 0].transpose(0, 1)
+    return attn.attention(q_dec, k[:1], v[:1], at.view(-1, 1), slots)[:, :, 0].transpose(0, 1)
 
 
 def test_decode_reproduces_every_query_of_scoring():
@@ -73,6 +74,21 @@ def test_decode_reproduces_every_query_of_scoring():
     pos = torch.arange(4096, device=DEV).expand(1, 4096)
     whole = attn.attention(q, k, v, pos)[0]
     assert int((_decode_every_query(q, k, v) != whole).sum()) == 0
+
+
+def test_a_decode_tile_of_another_instruction_differs_from_scoring():
+    """The fix off: decode's rows packed 16 to a program (mma.sync) against the large
+    prefill tile (warpgroup MMA) flip a few roundings of the same inputs."""
+    q, k, v = _qkv(1, 4096, seed=11)
+    q, k, v = q * 0.3, k * 0.3, v * 0.05
+    choice = attn.choose(128, torch.bfloat16, torch.device(DEV))
+    assert choice.prefill.rows >= 64 and choice.decode_rows == 64
+    at = torch.arange(4096, device=DEV)
+    whole = attn.attention(q, k, v, at.expand(1, 4096))[0]
+    q_dec = q[0, :, at].unsqueeze(2).transpose(0, 1)
+    slots = torch.zeros(4096, dtype=torch.long, device=DEV)
+    other = attn.decode(q_dec, k[:1], v[:1], at.view(-1, 1), slots, rows_per_program=16)
+    assert int((other[:, :, 0].transpose(0, 1) != whole).sum()) > 0
 
 
 def test_decode_bits_do_not_follow_the_batch_or_its_split():

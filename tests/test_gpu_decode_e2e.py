@@ -52,6 +52,9 @@ def test_with_contraction_allowed_decode_and_scoring_differ(monkeypatch):
     """The fix off: both attention kernels compiled with fp contraction (the form zkl used
     before this test existed) give rows that differ from the trainer's."""
     attn = pytest.importorskip("zkl.ops.triton.attention")
+    from zkl.ops import fa4
+
+    monkeypatch.setattr(fa4, "serves", lambda *_: False)  # zkl's Triton kernels, contracted
     key = (128, torch.bfloat16, str(torch.empty(0, device="cuda").device))
     monkeypatch.setitem(attn._CHOICES, key, attn.Choice(attn.DEFAULT_TILE, attn.REF_M))
     monkeypatch.setattr(attn, "decode", functools.partial(attn.decode, fp_fusion=True))

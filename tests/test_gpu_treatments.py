@@ -55,7 +55,8 @@ def test_lp_sampled_on_gpu_with_and_without_graphs(graphs):
         for top_k, top_p in ((0, 1.0), (5, 1.0), (0, 0.7)):
             engine = GenerationEngine(model, max_batch_size=4, eos_id=1, cuda_graphs=graphs)
             done = engine.generate(_requests(9, top_k, top_p))
-            lp_train = score(model, [c.prompt for c in done], [c.tokens for c in done])
+            prompts, responses = [c.prompt for c in done], [c.tokens for c in done]
+            lp_train = score(model, prompts, responses, [0.9] * len(done))  # as sampled
             for c, lp in zip(done, lp_train):
                 assert torch.equal(c.logprobs, lp)  # raw against raw stays exactly zero
                 if top_k == 0 and top_p == 1.0:

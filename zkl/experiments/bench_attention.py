@@ -1,4 +1,7 @@
-"""Attention rows of the CUDA bench: zkl's invariant kernels against PyTorch's flash (SDPA).
+"""Attention rows of the CUDA bench: zero mode's attention against PyTorch's flash (SDPA).
+
+"zkl" is what zero mode runs (`zkl.ops.cuda.attention`: flash-attn-4 where it serves this
+device, else zkl's Triton kernels); the Triton kernels' own rows stand beside it ("triton").
 
 Shapes are the Qwen2.5-1.5B layer's (12 query heads, 2 KV heads, head dim 128, bf16):
 - the scoring forward, and forward + backward, at T = 2k, 8k, 16k (about 16k tokens a call);
@@ -17,6 +20,7 @@ import torch.nn.functional as F
 
 from zkl import invariance
 from zkl.experiments.timing import cuda_time, graph_time
+from zkl.ops import cuda, fa4
 from zkl.ops.triton import attention as attn
 
 HEADS, KV_HEADS, HEAD_DIM = 12, 2, 128
@@ -60,6 +64,11 @@ def _qkv(batch: int, seq: int, grad: bool = False, seed: int = 0):
     return q, k, v
 
 
+def _form(q: torch.Tensor) -> str:
+    """Which attention zero mode runs for q's head dim and dtype here."""
+    return "flash-attn-4" if fa4.serves(q.shape[-1], q.dtype, q.device) else "triton"
+
+
 def forward_rows(seqs: tuple[int, ...] = SEQS) -> dict[str, object]:
     out: dict[str, object] = {}
     zero = frozenset(invariance.FIXES)
@@ -70,13 +79,17 @@ def forward_rows(seqs: tuple[int, ...] = SEQS) -> dict[str, object]:
         with invariance.enabled(zero), torch.no_grad():
             choice = attn.choose(HEAD_DIM, q.dtype, q.device)
             tile = choice.prefill
-            zkl_s = cuda_time(lambda q=q, k=k, v=v, p=pos: attn.attention(q, k, v, p), repeats=10)
+            zkl_s = cuda_time(lambda q=q, k=k, v=v, p=pos: cuda.attention(q, k, v, p), repeats=10)
+            triton_s = cuda_time(
+                lambda q=q, k=k, v=v, p=pos: attn.attention(q, k, v, p), repeats=10
+            )
             name, sdpa_s = _fastest(
                 _sdpa_forms(q.contiguous(), k, v, True), lambda f: cuda_time(f, repeats=10)
             )
         flops = 4 * batch * HEADS * HEAD_DIM * seq * seq / 2
         key = f"attn/fwd/T{seq}"
-        out[f"{key}/tile"] = (
+        out[f"{key}/form"] = _form(q)
+        out[f"{key}/triton_tile"] = (
             f"{tile.rows}x{attn.KEY_BLOCK} w{tile.warps} s{tile.stages}, "
             f"decode {choice.decode_rows} rows, chunk {attn.CHUNK}"
         )
@@ -84,6 +97,7 @@ def forward_rows(seqs: tuple[int, ...] = SEQS) -> dict[str, object]:
         out[f"{key}/sdpa_tflops"] = flops / sdpa_s / 1e12
         out[f"{key}/sdpa_form"] = name
         out[f"{key}/zkl_over_sdpa_speed"] = sdpa_s / zkl_s
+        out[f"{key}/triton_over_sdpa_speed"] = sdpa_s / triton_s
         if seq in TILE_SEQS:  # every candidate tile, whatever its bits: the data for choosing
             for cand in attn.PREFILL_TILES:
                 name_t = f"{cand.rows}w{cand.warps}{'n' if cand.nested else 'f'}"
@@ -97,7 +111,7 @@ def forward_rows(seqs: tuple[int, ...] = SEQS) -> dict[str, object]:
         qg, kg, vg = _qkv(batch, seq, grad=True)
 
         def zkl_step(qg=qg, kg=kg, vg=vg, pos=pos) -> None:
-            attn.attention(qg, kg, vg, pos).sum().backward()
+            cuda.attention(qg, kg, vg, pos).sum().backward()
 
         forms = {
             name: (lambda f=f: f().sum().backward())
@@ -127,10 +141,11 @@ def decode_rows(
             pos = torch.full((batch, 1), ctx - 1, device="cuda")
             rows = torch.arange(batch, device="cuda")
             key = f"attn/decode/b{batch}/ctx{ctx}"
-            zero = attn.attention(q, cache[0], cache[1], pos, rows)
+            zero = cuda.attention(q, cache[0], cache[1], pos, rows)
             args = (q, cache[0], cache[1], pos, rows)
-            zkl_s = graph_time(lambda args=args: attn.attention(*args))
-            default_s = graph_time(lambda args=args: attn.attention_default(*args))
+            zkl_s = graph_time(lambda args=args: cuda.attention(*args))
+            triton_s = graph_time(lambda args=args: attn.attention(*args))
+            default_s = graph_time(lambda args=args: cuda.attention_default(*args))
             qc = q.contiguous()
             name, sdpa_s = _fastest(_sdpa_forms(qc, *cache, False), graph_time)
             kv_bytes = 2 * cache[0].numel() * cache[0].element_size()
@@ -139,6 +154,7 @@ def decode_rows(
             out[f"{key}/sdpa_us"] = 1e6 * sdpa_s
             out[f"{key}/sdpa_form"] = name
             out[f"{key}/zkl_over_sdpa_speed"] = sdpa_s / zkl_s
+            out[f"{key}/triton_over_sdpa_speed"] = sdpa_s / triton_s
             out[f"{key}/default_over_sdpa_speed"] = sdpa_s / default_s
             reference = F.scaled_dot_product_attention(
                 qc, *cache, enable_gqa=True

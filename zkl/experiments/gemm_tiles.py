@@ -25,6 +25,7 @@ from zkl.ops.triton.gemm import (
     fixed_config,
     gemm,
     gemm_tma_kernel,
+    precision,
     sm_count,
     tile_coords,
     tma_tile,
@@ -49,7 +50,7 @@ def _tma_ws_kernel(
     num_tiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
     for tile in tl.range(tl.program_id(0), num_tiles, NUM_SMS, flatten=True, warp_specialize=True):
         pid_m, pid_n = tile_coords(tile, M, N, BM, BN, GROUP)
-        tma_tile(x_desc, w_desc, o_desc, x_desc, pid_m, pid_n, N, K, False, BM, BN, BK)
+        tma_tile(x_desc, w_desc, o_desc, x_desc, pid_m, pid_n, N, K, False, "tf32", BM, BN, BK)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -126,6 +127,7 @@ def tma(x, w, cfg, persist=False, ws=False):
             n,
             k,
             HAS_BIAS=False,
+            PRECISION=precision(x.dtype),
             NUM_SMS=sms,
             PERSISTENT=persist,
             num_stages=stages,

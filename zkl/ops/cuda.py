@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from zkl.ops import fast
+from zkl.ops import fa4, fast
 from zkl.ops.ssd import decays
+from zkl.ops.triton import attention as triton_attention
 from zkl.ops.triton import fused
 from zkl.ops.triton import ssd as ssd_kernel
-from zkl.ops.triton.attention import attention, attention_default
 from zkl.ops.triton.commit import commit_samples
 from zkl.ops.triton.fused import rotary_into_cache, silu_mul
 from zkl.ops.triton.gemm import linear
@@ -54,6 +54,41 @@ def add_rms_norm(
         total = x + delta
         return total, rms_norm(total, weight, eps)
     return fused.add_rms_norm(x, delta, weight, eps)
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    kv_rows: torch.Tensor | None = None,
+    window: int = 0,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Zero mode's attention: flash-attn-4 with one split where this device keeps its bits
+    a function of the query alone (`fa4.serves`, probed once per head dim and dtype), else
+    zkl's Triton kernels (fp32, no flash-attn-4, a GPU before Hopper)."""
+    if fa4.serves(q.shape[-1], q.dtype, q.device):
+        return fa4.attention(q, k, v, q_pos, kv_rows, window=window, sinks=sinks)
+    return triton_attention.attention(q, k, v, q_pos, kv_rows, window=window, sinks=sinks)
+
+
+def attention_default(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    kv_rows: torch.Tensor | None = None,
+    window: int = 0,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """What a fast engine runs: PyTorch's SDPA for scoring and the train forward (as a
+    trainer does); for the engine's cache, flash-attn-4 where it runs (with the split count
+    its own heuristic picks: one on Hopper), else zkl's default Triton path."""
+    if kv_rows is not None and fa4.usable(q.shape[-1], q.dtype, q.device):
+        splits = fa4.own_splits(q.device)
+        return fa4.attention(q, k, v, q_pos, kv_rows, window=window, sinks=sinks, num_splits=splits)
+    return triton_attention.attention_default(q, k, v, q_pos, kv_rows, window=window, sinks=sinks)
 
 
 def rotary(

@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from zkl.ops.triton.gemm import sm_count
+from zkl.ops.triton.gemm import precision, sm_count
 
 LOG2E = 1.4426950408889634
 
@@ -476,7 +476,7 @@ def prefill(
         LOG2E / math.sqrt(head_dim),
         HAS_ROWS=kv_rows is not None,
         HAS_SINKS=sinks is not None,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        PRECISION=precision(q.dtype),
         HEAD_DIM=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_M=tile.rows,
@@ -531,7 +531,7 @@ def decode(
     part_o = torch.empty(batch, num_heads, max_chunks, head_dim, dtype=torch.float32,
                          device=q.device)  # fmt: skip
     block_d = max(16, triton.next_power_of_2(head_dim))
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    dot_precision = precision(q.dtype)
     grid = (batch * num_kv_heads, triton.cdiv(max_chunks, per_program))
     _decode_chunks_kernel[grid](
         q, k, v, positions, rows, part_m, part_l, part_o,
@@ -542,7 +542,7 @@ def decode(
         num_heads, num_kv_heads, groups, k.shape[2], max_chunks, per_program, _window(window),
         LOG2E / math.sqrt(head_dim),
         HAS_ROWS=kv_rows is not None,
-        PRECISION=precision,
+        PRECISION=dot_precision,
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
         BLOCK_M=rows_per_program,

@@ -98,6 +98,7 @@ def tma_tile(
     N,
     K,
     HAS_BIAS: tl.constexpr,
+    PRECISION: tl.constexpr,  # 'ieee' for fp32 (no TF32), 'tf32' (ignored) for bf16
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -107,7 +108,7 @@ def tma_tile(
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         a = x_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
         b = w_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
-        acc = tl.dot(a, b.T, acc)
+        acc = tl.dot(a, b.T, acc, input_precision=PRECISION)
     if HAS_BIAS:
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         acc += tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
@@ -124,6 +125,7 @@ def gemm_tma_kernel(
     N,
     K,
     HAS_BIAS: tl.constexpr,
+    PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -147,6 +149,7 @@ def gemm_tma_kernel(
                 N,
                 K,
                 HAS_BIAS,
+                PRECISION,
                 BLOCK_M,
                 BLOCK_N,
                 BLOCK_K,
@@ -154,8 +157,9 @@ def gemm_tma_kernel(
     else:
         pid_m, pid_n = tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP)
         tma_tile(
-            x_desc, w_desc, o_desc, b_ptr, pid_m, pid_n, N, K, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K
-        )
+            x_desc, w_desc, o_desc, b_ptr, pid_m, pid_n, N, K, HAS_BIAS, PRECISION,
+            BLOCK_M, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -265,6 +269,12 @@ def _tma_ok(*tensors: torch.Tensor) -> bool:
     )
 
 
+def precision(dtype: torch.dtype) -> str:
+    """`tl.dot`'s input precision: IEEE for fp32 (Triton's default there is TF32, which would
+    round the fp32 path's inputs to 10 bits of mantissa), ignored for 16-bit inputs."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
 def _launch(x, weight, bias, out, config: Config, tma: bool) -> None:
     block_m, block_n, block_k, warps, stages = config
     num_rows, depth = x.shape
@@ -286,6 +296,7 @@ def _launch(x, weight, bias, out, config: Config, tma: bool) -> None:
             num_cols,
             depth,
             HAS_BIAS=bias is not None,
+            PRECISION=precision(x.dtype),
             BLOCK_M=block_m,
             BLOCK_N=block_n,
             BLOCK_K=block_k,
@@ -312,7 +323,7 @@ def _launch(x, weight, bias, out, config: Config, tma: bool) -> None:
         out.stride(1),
         HAS_BIAS=bias is not None,
         EVEN_K=depth % block_k == 0,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        PRECISION=precision(x.dtype),
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_K=block_k,

@@ -27,6 +27,7 @@ from zkl.ops.triton.gemm import (
     config_for,
     fixed_config,
     pointer_tile,
+    precision,
     store_tile,
     tiles_agree,
 )
@@ -159,7 +160,7 @@ def grouped_gemm(
         out.stride(0),
         out.stride(1),
         EVEN_K=depth % block_k == 0,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        PRECISION=precision(x.dtype),
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_K=block_k,

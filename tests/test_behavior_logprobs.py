@@ -32,10 +32,13 @@ def _generate(model, requests, fixes=ALL):
         return engine.generate(requests)
 
 
-def filtered_logprob(logits: torch.Tensor, token: int, temp: float, k: int, p: float) -> float:
-    """log q(token): softmax(logits / T) cut to the top k (ties with the k-th kept: bf16
-    logits tie often), then to the fewest tokens whose probability reaches p (the one crossing
-    it kept), renormalised; float64, written here from the definition, not the sampler's code."""
+def filtered_logprob(
+    logits: torch.Tensor, token: int, temp: float, k: int, p: float
+) -> tuple[float, float]:
+    """(log q(token), log of the mass kept): q is softmax(logits / T) cut to the top k (ties
+    with the k-th kept: bf16 logits tie often), then to the fewest tokens whose probability
+    reaches p (the one crossing it kept), renormalised; float64, written here from the
+    definition, not the sampler's code."""
     probs = torch.softmax(logits.double() / temp, dim=-1)
     order = sorted(range(len(probs)), key=lambda v: (-probs[v].item(), v))
     if k > 0:
@@ -49,25 +52,35 @@ def filtered_logprob(logits: torch.Tensor, token: int, temp: float, k: int, p: f
         kept.append(v)
         mass += q
     assert token in kept, "a sampled token outside the filtered support"
-    return (probs[token] / probs[kept].sum()).log().item()
+    mass = probs[kept].sum()
+    return (probs[token] / mass).log().item(), mass.log().item()
 
 
 @pytest.mark.parametrize("top_k, top_p", [(5, 1.0), (0, 0.7), (8, 0.8)])
-def test_lp_sampled_is_the_filtered_logprob_and_never_below_the_raw_one(top_k, top_p):
+@pytest.mark.parametrize("fixes", [ALL, frozenset()], ids=["zero", "default"])
+def test_lp_sampled_is_the_filtered_logprob_and_never_below_the_raw_one(fixes, top_k, top_p):
+    """Both modes: lp_sampled is the raw lp_gen less the log of the mass the filter kept, so
+    never below it and above it where the filter cut. Zero mode's decode logits are the
+    scorer's, so its lp_sampled is checked against the filtered logprob of the definition;
+    default mode's are not (its kernels move a near tie across the top-k edge), so there the
+    bound is the check."""
     model = small_model()
-    done = _generate(model, _requests(top_k, top_p))
+    done = _generate(model, _requests(top_k, top_p), fixes)
     raised = 0
     for c in done:
         assert c.lp_sampled.dtype == torch.float32 and c.lp_sampled.shape == c.logprobs.shape
         assert bool((c.lp_sampled >= c.logprobs).all())
         raised += int((c.lp_sampled > c.logprobs).sum())
+        if fixes != ALL:
+            continue
         tokens = torch.tensor([c.prompt + c.tokens])
         positions = torch.arange(tokens.shape[1]).unsqueeze(0)
         with invariance.enabled(ALL), torch.no_grad():
             logits = model(tokens, positions)[0]  # [T, V]
         for j, token in enumerate(c.tokens):
-            want = filtered_logprob(logits[len(c.prompt) - 1 + j], token, 0.9, top_k, top_p)
+            want, kept = filtered_logprob(logits[len(c.prompt) - 1 + j], token, 0.9, top_k, top_p)
             assert c.lp_sampled[j].item() == pytest.approx(want, abs=2e-4)
+            assert (c.lp_sampled[j] - c.logprobs[j]).item() == pytest.approx(-kept, abs=2e-4)
     assert raised > 0  # the filter did cut mass somewhere
 
 

@@ -86,7 +86,7 @@ def test_prefix_cache_hits_and_changes_nothing():
 
 
 def test_logprob_path_fix():
-    """Off: processed logits in the model dtype; on: the trainer's fp32 raw log-softmax."""
+    """Off: logits / T in the model dtype; on: the trainer's fp32 raw log-softmax."""
     model = _model()
     requests = _requests(6, temperature=0.7)
     diffs = {}

@@ -57,7 +57,8 @@ register(
 )
 register(
     "logprob_path",
-    "the generator computes logprobs of processed logits in the model dtype",
+    "the generator computes logprobs of the logits / temperature (unfiltered: top-k / top-p "
+    "shape only the sampling) in the model dtype",
     "one shared fp32 log-softmax of raw logits / temperature for generator and trainer",
     "tests/test_generation.py::test_logprob_path_fix",
 )

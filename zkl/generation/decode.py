@@ -3,9 +3,11 @@
 `decode_one_token` is the whole step (forward one token per row -> sample -> logprob ->
 commit); the engine calls it eagerly or captures it in a CUDA graph (zkl/generation/graphs.py),
 so it reads only the model, the cache, the slot state and the rows it is given. The engine
-reports, for every sampled token, the raw logprob of `logits / temperature` (the
-`logprob_path` fix) or, with that fix off, what a fast engine reports: the logprob of the
-processed logits in the model dtype.
+reports, for every sampled token, its raw logprob, of softmax(logits / temperature) before
+any top-k / top-p filter, as the trainer scores it: through the trainer's own fp32 path
+(the `logprob_path` fix) or, with that fix off, as a fast engine does, in the model dtype.
+Beside it goes `lp_sampled`, the logprob under the filtered distribution the token was drawn
+from (`rl.correction.behavior=sampled`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from zkl import ops
 from zkl.generation import routes
 from zkl.generation.kv_cache import KVCache
-from zkl.generation.sampling import gumbel_max, processed_logits
+from zkl.generation.sampling import filtered, gumbel_max, scaled_logits
 from zkl.generation.slots import SlotState
 from zkl.invariance import is_enabled
 
@@ -61,32 +63,31 @@ class Sampler:
     def sample(
         self, state: SlotState, rows: torch.Tensor, logits: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(next token [B], its reported logprob [B], its logprob under the filtered,
-        renormalised distribution it was drawn from [B]); without a filter the last two are
-        the same tensor."""
+        """(next token [B], its raw logprob [B], its logprob under the filtered, renormalised
+        distribution it was drawn from [B]); without a filter the last two are the same tensor.
+
+        The raw logprob is of softmax(logits / T), never of the filtered distribution, in
+        both modes: what the trainer scores and every mismatch metric compares.
+        """
         count, temps = state.count[rows], state.temperature[rows]
-        raw_logprobs = is_enabled("logprob_path")
-        if raw_logprobs and not self.filters:  # the sampler divides, in one pass
+        shared_path = is_enabled("logprob_path")
+        if shared_path and not self.filters:  # the sampler divides, in one pass
             next_tokens = gumbel_max(logits, state.seed[rows], count, temperature=temps)
         else:
-            scores = processed_logits(
-                logits,
-                temps,
+            scaled = scaled_logits(logits, temps)  # [B, V] fp32
+            scores = filtered(
+                scaled,
                 state.top_k[rows] if self.top_k else None,
                 state.top_p[rows] if self.top_p else None,
             )
             next_tokens = gumbel_max(scores, state.seed[rows], count)
-        if raw_logprobs:
+        if shared_path:
             logprobs = ops.token_logprobs(logits, next_tokens, temps.unsqueeze(-1))
-        else:  # what a fast engine reports: processed logits, log-softmax in the model dtype
-            logp = torch.log_softmax(scores.to(logits.dtype), dim=-1)
-            logprobs = logp.gather(-1, next_tokens.unsqueeze(-1)).squeeze(-1).float()
+        else:
+            logprobs = fast_engine_logprobs(scaled, logits.dtype, next_tokens)
         if not self.filters:
             return next_tokens, logprobs, logprobs
-        raw = logprobs
-        if not raw_logprobs:
-            raw = ops.token_logprobs(logits, next_tokens, temps.unsqueeze(-1))
-        return next_tokens, logprobs, raw - kept_log_mass(logits, scores, temps)
+        return next_tokens, logprobs, logprobs - kept_log_mass(scaled, scores)
 
     def take(self, state: SlotState, rows: torch.Tensor, logits: torch.Tensor) -> None:
         """Sample the rows' next tokens from logits [B, V] and commit them to the state
@@ -97,12 +98,21 @@ class Sampler:
         ops.commit_samples(state, rows, next_tokens, logprobs, self.eos_id)
 
 
-def kept_log_mass(logits: torch.Tensor, scores: torch.Tensor, temps: torch.Tensor) -> torch.Tensor:
-    """log of the probability mass [B] the top-k / top-p filter keeps of softmax(logits / T),
-    clamped to <= 0: subtracting it from a raw logprob gives the filtered, renormalised one,
-    never below the raw one, and exactly the raw one where the filter keeps everything."""
-    whole = torch.logsumexp(logits.float() / temps.unsqueeze(-1), dim=-1)
-    return (torch.logsumexp(scores, dim=-1) - whole).clamp(max=0.0)
+def fast_engine_logprobs(
+    scaled: torch.Tensor, dtype: torch.dtype, tokens: torch.Tensor
+) -> torch.Tensor:
+    """What a fast engine reports (`logprob_path` off): the log-softmax of the unfiltered
+    logits / T [B, V] rounded to the model dtype, computed in it, at tokens [B]; fp32 [B]."""
+    logp = torch.log_softmax(scaled.to(dtype), dim=-1)
+    return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).float()
+
+
+def kept_log_mass(scaled: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """log of the probability mass [B] the top-k / top-p filter keeps of softmax(scaled)
+    (`scores`: scaled [B, V] with the cut at -inf), clamped to <= 0: subtracting it from a raw
+    logprob gives the filtered, renormalised one, never below the raw one, and exactly the
+    raw one where the filter keeps everything."""
+    return (torch.logsumexp(scores, dim=-1) - torch.logsumexp(scaled, dim=-1)).clamp(max=0.0)
 
 
 def decode_one_token(

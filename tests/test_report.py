@@ -6,12 +6,12 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import zlib
 from pathlib import Path
 
 import pytest
 from conftest import make_cfg
+from headless import chromium, needs_chromium, png_size
 from html_tables import parse_tables
 from omegaconf import OmegaConf
 
@@ -19,8 +19,9 @@ from zkl.errors import ConfigError
 from zkl.report import page, wandb_report
 from zkl.report.__main__ import main
 from zkl.report.axes import sweep_axes
+from zkl.report.contents import all_tables
 from zkl.report.runs import discover
-from zkl.report.tables import ablation, all_tables, md_escape
+from zkl.report.tables import ablation, md_escape
 from zkl.tracking.errors import record_error
 from zkl.tracking.run_log import RunLog
 
@@ -147,53 +148,23 @@ def test_wandb_report_spec(sweep):
     assert md_escape(BAD) in markdown
 
 
-def _png_size(path: Path) -> tuple[int, int, int]:
-    """(width, height, bytes of image data) of a PNG."""
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
-    idat, pos = 0, 8
-    while pos < len(data):
-        length = int.from_bytes(data[pos : pos + 4], "big")
-        if data[pos + 4 : pos + 8] == b"IDAT":
-            idat += length
-        pos += 12 + length
-    return width, height, idat
-
-
-def _chromium(*args: str) -> subprocess.CompletedProcess:
-    cmd = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
-    cmd += ["--virtual-time-budget=10000", *args]
-    env = {**os.environ, "HOME": os.environ.get("HOME", "/tmp")}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
-
-
-def _needs_chromium() -> None:
-    if shutil.which("chromium") is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI must install Debian's chromium (.ci/run does)")
-        pytest.skip("needs Debian's chromium (apt-get install chromium)")
-
-
 @pytest.mark.slow
 def test_page_renders_its_plots_in_headless_chromium(sweep, tmp_path):
     """The page as a browser shows it, offline: the plots are drawn (look at report.png)."""
-    _needs_chromium()
+    needs_chromium()
     assert main([str(sweep)]) == 0
     url = (sweep / "report.html").as_uri()
-    dom = _chromium("--dump-dom", url).stdout
+    dom = chromium("--dump-dom", url).stdout
     assert dom.count('class="main-svg"') >= 6  # three figures, each drawn as SVG layers
     assert "exactly 0" in dom and "What each fix contributes" in dom
     assert "reward/mean per step" in dom
     shot, blank = tmp_path / "report.png", tmp_path / "blank.png"
-    _chromium(f"--screenshot={shot}", "--window-size=1400,1800", url)
+    chromium(f"--screenshot={shot}", "--window-size=1400,1800", url)
     (tmp_path / "blank.html").write_text("<html><body></body></html>")
-    _chromium(
-        f"--screenshot={blank}", "--window-size=1400,1800", (tmp_path / "blank.html").as_uri()
-    )
-    width, height, data = _png_size(shot)
+    chromium(f"--screenshot={blank}", "--window-size=1400,1800", (tmp_path / "blank.html").as_uri())
+    width, height, data = png_size(shot)
     assert (width, height) == (1400, 1800)
-    assert data > 5 * _png_size(blank)[2]  # far from one flat colour (blank: ~12x less)
+    assert data > 5 * png_size(blank)[2]  # far from one flat colour (blank: ~12x less)
     if os.environ.get("ZKL_KEEP_SCREENSHOT"):
         shutil.copy(shot, os.environ["ZKL_KEEP_SCREENSHOT"])
     assert zlib.crc32(shot.read_bytes()) != zlib.crc32(blank.read_bytes())
@@ -226,7 +197,7 @@ def test_a_wide_sweep_fits_1400_px(tmp_path):
 
     Keep the screenshot with ZKL_KEEP_SCREENSHOT=path.png and look at it.
     """
-    _needs_chromium()
+    needs_chromium()
     off = ["fixes.logprob_path=false", "fixes.kv_invalidate_on_refit=false"]
     off += ["fixes.refit_exactness=false", "fixes.quantized_weight_refresh=false"]
     for i, (model, precision, kv) in enumerate(
@@ -242,7 +213,7 @@ def test_a_wide_sweep_fits_1400_px(tmp_path):
     report = tmp_path / "report.html"
     probe = tmp_path / "probe.html"
     probe.write_text(report.read_text().replace("</body>", PROBE + "</body>"))
-    dom = _chromium("--window-size=1400,1800", "--dump-dom", probe.as_uri()).stdout
+    dom = chromium("--window-size=1400,1800", "--dump-dom", probe.as_uri()).stdout
     found = json.loads(re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S).group(1))
     assert found["page"][0] <= 1400, found["page"]  # no horizontal scroll of the page
     assert found["table"][0] <= found["table"][1], found["table"]  # the whole table in view
@@ -256,8 +227,8 @@ def test_a_wide_sweep_fits_1400_px(tmp_path):
     legend = " ".join(found["legends"])
     assert "tiny_moe mxfp8" in legend and "/" not in legend  # the axes' values, no paths
     shot = tmp_path / "wide.png"
-    _chromium(f"--screenshot={shot}", "--window-size=1400,2600", report.as_uri())
-    assert _png_size(shot)[:2] == (1400, 2600)
+    chromium(f"--screenshot={shot}", "--window-size=1400,2600", report.as_uri())
+    assert png_size(shot)[:2] == (1400, 2600)
     if os.environ.get("ZKL_KEEP_SCREENSHOT"):
         shutil.copy(shot, os.environ["ZKL_KEEP_SCREENSHOT"].replace(".png", "_wide.png"))
 

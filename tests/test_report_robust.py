@@ -14,8 +14,8 @@ from omegaconf import OmegaConf
 
 from zkl.report import page
 from zkl.report.__main__ import main
+from zkl.report.contents import all_tables, markdown
 from zkl.report.runs import discover
-from zkl.report.tables import all_tables, markdown
 from zkl.tracking.errors import ERROR_FILE
 
 KL = "train/gen_kl_error"

@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 from conftest import make_cfg
+from headless import chromium, needs_chromium, png_size
 from html_tables import parse_tables
-from test_report import _chromium, _png_size
 
 from zkl.report.__main__ import main
 from zkl.report.runs import discover
@@ -66,7 +66,7 @@ def test_runs_are_grouped_by_treatment_and_the_table_has_every_arm(treatments_sw
     assert sorted(treatment(r) for r in runs) == sorted(NAMES)
     assert main([str(treatments_sweep)]) == 0
     tables = parse_tables((treatments_sweep / "report.html").read_text())
-    by = {r["treatment"][0]: {k: v[1] for k, v in r.items()} for r in tables["treatments"]}
+    by = {r["arm"][0]: {k: v[1] for k, v in r.items()} for r in tables["treatments"]}
     assert sorted(by) == sorted(NAMES)
     assert by["zero"]["gen_kl_error mean"] == 0.0
     assert by["default"]["gen_kl_error mean"] == pytest.approx(3.5e-6)
@@ -77,20 +77,21 @@ def test_runs_are_grouped_by_treatment_and_the_table_has_every_arm(treatments_sw
 
 @pytest.mark.slow
 def test_the_page_shows_every_arm_in_headless_chromium(treatments_sweep, tmp_path):
-    if shutil.which("chromium") is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI must install Debian's chromium (.ci/run does)")
-        pytest.skip("needs Debian's chromium (apt-get install chromium)")
+    needs_chromium()
     assert main([str(treatments_sweep)]) == 0
     url = (treatments_sweep / "report.html").as_uri()
-    dom = _chromium("--dump-dom", url).stdout
-    for div in ("reward-mean", "val-accuracy", "train-gen-kl-error", "rollout-corr-k3-kl"):
+    dom = chromium("--dump-dom", url).stdout
+    for div in ("reward-per-step", "val-accuracy-per-step", "kl-per-step"):
+        assert f'id="{div}"' in dom
+    for div in ("val-reward", "rollout-corr-k3-kl", "rollout-corr-chi2-token"):
         assert f'id="treatment-{div}"' in dom
-    for name in NAMES:  # every arm in the drawn legends
-        assert f"{name} (" in dom
+    legends = dom.split('class="legend"')[1:]
+    assert len(legends) >= 5
+    for name in NAMES:  # every arm by its name in the drawn legends, and no run's path
+        assert f">{name}<" in legends[0], name
     shot = tmp_path / "treatments.png"
-    _chromium(f"--screenshot={shot}", "--window-size=1400,2400", url)
-    width, height, data = _png_size(shot)
+    chromium(f"--screenshot={shot}", "--window-size=1400,2400", url)
+    width, height, data = png_size(shot)
     assert (width, height) == (1400, 2400) and data > 50_000
     if os.environ.get("ZKL_KEEP_SCREENSHOT"):
         shutil.copy(shot, os.environ["ZKL_KEEP_SCREENSHOT"])

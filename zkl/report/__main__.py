@@ -13,8 +13,8 @@ from pathlib import Path
 
 from zkl.console import say
 from zkl.report import page, wandb_report
+from zkl.report.contents import markdown
 from zkl.report.runs import discover
-from zkl.report.tables import markdown
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -105,13 +105,13 @@ def _breakable(text: str, after: re.Pattern = _BREAK_AFTER) -> str:
     return after.sub(r"\1<wbr>", html.escape(text))
 
 
-def _value_order(axis: str, value: str) -> tuple[int, str]:
+def value_order(axis: str, value: str) -> tuple[int, str]:
     """An axis value's place: sorted, the fixes' baseline (all on) first."""
     return (0 if axis == "fixes" and value == label(FIXES) else 1, value)
 
 
 def _sort_value(run: Run, axis: str) -> tuple[int, str]:
-    return _value_order(axis, axis_value(run, axis))
+    return value_order(axis, axis_value(run, axis))
 
 
 def ordered(runs: list[Run], axes: list[str]) -> list[Run]:
@@ -165,7 +165,7 @@ def grid_table(runs: list[Run]) -> Table | None:
     if across is None:
         return None
     down = [a for a in axes if a != across]
-    columns = sorted({axis_value(r, across) for r in runs}, key=lambda v: _value_order(across, v))
+    columns = sorted({axis_value(r, across) for r in runs}, key=lambda v: value_order(across, v))
     beds: dict[tuple[str, ...], dict[str, list[Run]]] = {}
     for r in ordered(runs, down):
         bed = tuple(axis_value(r, a) for a in down)
@@ -284,33 +284,3 @@ def cert_table(cert: list[tuple[str, list[dict[str, Any]]]]) -> Table | None:
             row += [cell(r.get("train/gen_kl_error")), Cell(str(verdict))]
             table.rows.append(row)
     return table
-
-
-def all_tables(sources: Sources) -> list[tuple[str, Table]]:
-    """(id, table) of every table the report shows, in page order."""
-    settings = settings_table(sources.runs)
-    out = [("settings", settings)] if settings else []
-    grid = grid_table(sources.runs)
-    out += [("grid", grid)] if grid else []
-    out += [("runs", runs_table(sources.runs))] if sources.runs else []
-    for table_id, extra in (
-        ("failed", failed_table(sources.runs)),
-        ("skipped", skipped_table(sources)),
-    ):
-        if extra:
-            out.append((table_id, extra))
-    data = ablation(sources.runs)
-    if data:
-        out.append(("ablation", ablation_table(data)))
-    for table_id, table in (
-        ("bench", bench_table(sources.bench)),
-        ("cert", cert_table(sources.cert)),
-    ):
-        if table:
-            out.append((table_id, table))
-    return out
-
-
-def markdown(sources: Sources, title: str) -> str:
-    parts = [f"## {md_escape(title)}"] + [t.to_markdown() for _, t in all_tables(sources)]
-    return "\n\n".join(parts) + "\n"

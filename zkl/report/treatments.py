@@ -1,21 +1,26 @@
-"""The report's treatment grouping: runs of `sweeps/mismatch_treatments.yaml` (or any runs
-that log the `rollout_corr/` diagnostics) grouped by mismatch treatment, one arm each.
+"""The report's treatment comparison: runs of `sweeps/mismatch_treatments.yaml` (or any runs
+that log the `rollout_corr/` diagnostics under two treatments or more), one arm each, named
+by treatment (zkl/report/naming.py).
 
-A treatment is derived from a run's config: the precision, the MoE model, zero or default
-mode, the correction (`rl.correction.mode`) and routing replay, e.g. `default+token_tis`,
-`fp16 zero`, `tiny_moe default+replay`. Per step, every arm: reward, val/accuracy,
-gen_kl_error and the diagnostics; the table: final accuracy, mean mismatch and step time.
+The table: one arm a row, with its final accuracy, mean mismatch and step time. The figures:
+the diagnostics per step for every arm (reward, val/accuracy and gen_kl_error are the
+page's figures of every run, drawn above these). A signed diagnostic (chi2, the ratio's
+bounds) goes on a linear axis; the others on the zero-band axes, where exact zeros are kept.
 """
 
 from __future__ import annotations
 
-import html
 from typing import Any
 
 import plotly.graph_objects as go
 
+from zkl.report.figures import Curve, line_figure, zero_band_figure
+from zkl.report.naming import Arms, arms_of, compares_treatments, logs_diagnostics, treatment
 from zkl.report.runs import KL, Run, Sources
+from zkl.report.summary import mean, step_time
 from zkl.report.tables import Cell, Table, cell
+
+__all__ = ["arms", "figures", "treatment", "treatment_table"]
 
 DIAGNOSTICS = (
     "rollout_corr/k3_kl",
@@ -28,9 +33,12 @@ DIAGNOSTICS = (
     "rollout_corr/ratio_min",
     "rollout_corr/ratio_max",
 )
-TIMING = ("timing/gen_s", "timing/score_s", "timing/update_s", "timing/refit_s")
+# Drawn on a linear axis: signed by definition (chi2 = E[rho^2] - 1) or centred on 1.
+LINEAR = ("val/reward", "rollout_corr/chi2_token", "rollout_corr/chi2_seq",
+          "rollout_corr/eff_sample_size", "rollout_corr/ppl_ratio", "rollout_corr/ratio_min",
+          "rollout_corr/ratio_max")  # fmt: skip
 COLUMNS = [
-    "treatment",
+    "arm",
     "run",
     "steps",
     "val/accuracy final",
@@ -47,44 +55,15 @@ COLUMNS = [
 ]
 
 
-def treatment(run: Run) -> str:
-    """`[precision ][moe model ]zero|default[+correction][+replay]` from the run's config."""
-    f = run.flat
-    parts = []
-    if f.get("precision.name", "bf16") != "bf16":
-        parts.append(str(f["precision.name"]))
-    if f.get("model.num_experts") or f.get("model.n_routed_experts"):
-        parts.append(str(f.get("model.name")))
-    mode = "zero" if f.get("zero_train_gen_mismatch", True) else "default"
-    if f.get("rl.correction.mode", "none") != "none":
-        mode += f"+{f['rl.correction.mode']}"
-        if f.get("rl.correction.behavior") == "sampled":
-            mode += "(sampled)"
-    if f.get("rl.routing_replay"):
-        mode += "+replay"
-    return " ".join([*parts, mode])
-
-
-def arms(sources: Sources) -> list[Run]:
-    """The runs of a treatment comparison, in a fixed order; [] when this is not one."""
-    runs = [
-        r for r in sources.runs if r.rows and any(k.startswith("rollout_corr/") for k in r.rows[0])
-    ]
-    if len({treatment(r) for r in runs}) < 2:
+def arms(sources: Sources, named: Arms | None = None) -> list[Run]:
+    """The runs of a treatment comparison, in the arms' order; [] when this is not one."""
+    if not compares_treatments(sources.runs):
         return []
-    return sorted(runs, key=lambda r: (treatment(r), r.name))
+    named = named or arms_of(sources.runs)
+    return [r for r in named.runs if logs_diagnostics(r)]
 
 
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
-
-
-def _step_time(run: Run) -> float | None:
-    times = [sum(row.get(k, 0.0) for k in TIMING) for row in run.rows if TIMING[0] in row]
-    return _mean(times)
-
-
-def treatment_table(runs: list[Run]) -> Table:
+def treatment_table(runs: list[Run], named: Arms) -> Table:
     table = Table("Treatments", list(COLUMNS))
     for run in runs:
         val = run.series("val/accuracy")
@@ -96,16 +75,16 @@ def treatment_table(runs: list[Run]) -> Table:
             val[-1] if val else None,
             val_reward[-1] if val_reward else None,
             reward[-1] if reward else None,
-            _mean(reward[-20:]),
-            _mean(run.series(KL)),
-            _mean(run.series("rollout_corr/k3_kl")),
-            _mean(run.series("rollout_corr/chi2_token")),
-            _mean(run.series("rollout_corr/eff_sample_size")),
-            _mean(run.series("rollout_corr/masked_fraction")),
-            _mean(routes),
-            _step_time(run),
+            mean(reward[-20:]),
+            mean(run.series(KL)),
+            mean(run.series("rollout_corr/k3_kl")),
+            mean(run.series("rollout_corr/chi2_token")),
+            mean(run.series("rollout_corr/eff_sample_size")),
+            mean(run.series("rollout_corr/masked_fraction")),
+            mean(routes),
+            step_time(run),
         ]
-        table.rows.append([Cell(treatment(run)), Cell(run.name), *map(cell, values)])
+        table.rows.append([Cell(named.name(run)), Cell(run.name), *map(cell, values)])
     table.note = (
         "One arm a row: val/accuracy at the last validation, means over every step; routes "
         "differing: the share of tokens whose experts the trainer's router would change "
@@ -114,40 +93,25 @@ def treatment_table(runs: list[Run]) -> Table:
     return table
 
 
-def step_figure(runs: list[Run], key: str, zero_band) -> go.Figure:
-    """`key` per step for every arm; gen_kl_error and the diagnostics on the report's
-    zero-band axes (exact zeros kept), reward and val/accuracy on a linear axis."""
-    series = []
+def step_figure(runs: list[Run], named: Arms, key: str) -> go.Figure:
+    """`key` per step for every arm that logged it, in the arm's style."""
+    curves = []
     for run in runs:
         points = run.points(key)
-        series.append(
-            (f"{treatment(run)} ({run.name})", [x for x, _ in points], [y for _, y in points])
-        )
-    if key in ("reward/mean", "val/accuracy", "val/reward") or key.endswith(
-        ("ratio_min", "ratio_max", "ppl_ratio", "eff_sample_size")
-    ):
-        fig = go.Figure()
-        for name, xs, ys in series:
-            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=html.escape(name)))
-        fig.update_layout(title=f"{key} per step, every treatment", xaxis_title="step",
-                          yaxis_title=key, margin={"l": 70, "r": 20, "t": 50, "b": 50})  # fmt: skip
-        return fig
-    return zero_band(f"{key} per step, every treatment", series, "step", key)
+        if points:
+            xs, ys = [x for x, _ in points], [y for _, y in points]
+            curves.append(Curve(named.name(run), xs, ys, named.style(run)))
+    title = f"{key} per step, every arm"
+    if key in LINEAR:
+        return line_figure(title, curves, "step", key)
+    return zero_band_figure(title, curves, "step", key)
 
 
-def figures(runs: list[Run], zero_band) -> list[tuple[str, go.Figure]]:
-    """(div id, figure) for reward, val/accuracy, gen_kl_error and each diagnostic."""
-    keys = (
-        "reward/mean",
-        "val/accuracy",
-        "val/reward",
-        KL,
-        "routing/token_mismatch_frac",
-        *DIAGNOSTICS,
-    )
+def figures(runs: list[Run], named: Arms) -> list[tuple[str, go.Figure]]:
+    """(div id, figure) for val/reward, the routes differing and each diagnostic."""
     out = []
-    for key in keys:
+    for key in ("val/reward", "routing/token_mismatch_frac", *DIAGNOSTICS):
         if any(run.series(key) for run in runs):
             div = "treatment-" + key.replace("/", "-").replace("_", "-")
-            out.append((div, step_figure(runs, key, zero_band)))
+            out.append((div, step_figure(runs, named, key)))
     return out

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from zkl.report.contents import markdown
 from zkl.report.runs import KL, Sources
-from zkl.report.tables import markdown
 
 PANEL_METRICS = [KL, "train/max_abs_logprob_diff", "train/bitwise_equal_frac", "reward/mean"]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,8 +27,8 @@ NOT_INTERPRETED = "interpreter tests run on CPU-only machines"
 # The report's page needs plotly (a dependency); the bare GPU image that runs `-m gpu` may
 # lack it, and a module that cannot import would stop the whole collection there
 # (tests/test_collection.py collects the GPU run with plotly hidden).
-REPORT_PAGE_TESTS = ["test_report.py", "test_report_robust.py", "test_report_treatments.py"]
-collect_ignore = [] if importlib.util.find_spec("plotly") else REPORT_PAGE_TESTS
+REPORT_TESTS = sorted(p.name for p in Path(__file__).parent.glob("test_report*.py"))
+collect_ignore = [] if importlib.util.find_spec("plotly") else REPORT_TESTS
 
 QUIET = ["tracking.wandb.mode=disabled", "tracking.progress=false"]
 SMALL = ["rl.prompts_per_step=4", "rl.samples_per_prompt=4"]

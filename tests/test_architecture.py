@@ -24,7 +24,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "zkl"
-ENTRY_POINTS = {"zkl.__main__", "zkl.cli", "zkl.cert", "zkl.bench", "zkl.report.__main__"}
+ENTRY_POINTS = {
+    "zkl.__main__",
+    "zkl.cli",
+    "zkl.cert",
+    "zkl.bench",
+    "zkl.report.__main__",
+    "zkl.experiments.warm_start",
+}
 MAX_LINES = 400
 KERNELS = PACKAGE / "ops" / "triton"
 

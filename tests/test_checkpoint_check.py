@@ -11,9 +11,10 @@ from conftest import make_cfg
 from safetensors.torch import save_file
 from test_hostile_input import assert_refused_before_work, run_entry
 
+from zkl.checkpoint_check import DTYPES
+from zkl.checkpoint_files import DTYPE_BYTES, INDEX_FILE
 from zkl.errors import ConfigError
 from zkl.models import build_model
-from zkl.models.hf_checkpoint import INDEX_FILE
 from zkl.models.hf_export import save_checkpoint
 from zkl.run.validate import validate
 
@@ -36,6 +37,11 @@ def refusal(checkpoint: Path | str, *overrides: str) -> str:
     message = str(err.value)
     assert message.startswith(f"model.checkpoint={checkpoint}") and "\n" not in message
     return message
+
+
+def test_the_torch_free_header_reader_knows_the_dtypes_torch_makes():
+    """The header reader's byte sizes (no torch) are the torch dtypes' the meta model gets."""
+    assert {name: dtype.itemsize for name, dtype in DTYPES.items()} == DTYPE_BYTES
 
 
 @pytest.mark.parametrize("model", ["tiny_dense", "tiny_moe"])

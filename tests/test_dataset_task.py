@@ -246,7 +246,7 @@ def test_a_user_reward_function_sets_the_rewards(ckpt, tmp_path):
         "tracking.dump_tokens=all",
     )
     rows = run(cfg, tmp_path / "run", progress=False)
-    task = build_task(cfg.task, cfg.model.vocab_size)
+    task = build_task(cfg)
     records = read_jsonl(tmp_path / "run" / "tokens.jsonl")
     expected = [digit_share("", task.tokenizer.response_text(r["response"]), "") for r in records]
     assert [r["reward"] for r in records] == expected
@@ -274,7 +274,7 @@ def test_gsm8k_rows_on_a_random_model_score_zero_in_strict_mode(ckpt, tmp_path):
         "tracking.dump_tokens=all",
     )
     run(cfg, tmp_path / "run", progress=False)
-    task = build_task(cfg.task, cfg.model.vocab_size)
+    task = build_task(cfg)
     records = read_jsonl(tmp_path / "run" / "tokens.jsonl")
     assert len(records) == 16 and all(r["reward"] == 0.0 for r in records)
     golds = {e.prompt_text: e.answer for e in task.train}
@@ -319,7 +319,7 @@ def refused(*overrides: str) -> str:
     with pytest.raises(ConfigError) as err:
         cfg = make_cfg(*overrides)
         validate(cfg)
-        build_task(cfg.task, cfg.model.vocab_size)
+        build_task(cfg)
     message = str(err.value)
     assert "\n" not in message
     return message

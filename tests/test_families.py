@@ -1,11 +1,12 @@
 """The model registry: one entry per family, the only place (with the family's own files)
 that names a family, parameter counts from the model itself, one sentence for a checkpoint of
-a family zkl does not run."""
+a family zkl does not run, and docs that list every family it reads."""
 
 from __future__ import annotations
 
 import ast
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,26 @@ def test_no_family_string_outside_the_registry_and_its_own_files():
             if rel not in REGISTRY and rel not in owner.modules:
                 found.append(f"{rel}:{node.lineno} {node.value!r}")
     assert not found, "family names outside the registry: " + "; ".join(found)
+
+
+def listed_families(text: str) -> list[set[str]]:
+    """The backquoted names in each parenthesis after "every family zkl reads"."""
+    flat = " ".join(text.split())
+    lists = re.findall(r"every family zkl reads \(([^)]*)\)", flat)
+    return [set(re.findall(r"`([^`]+)`", names)) for names in lists]
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/recipes.md"])
+def test_the_docs_list_every_family_zkl_reads(doc):
+    """The README and recipe section 1 name every registry entry, and no other."""
+    lists = listed_families((ROOT / doc).read_text())
+    assert lists and all(names == set(FAMILIES) for names in lists), (lists, set(FAMILIES))
+
+
+def test_the_family_list_check_sees_a_missing_family():
+    text = "reads every family zkl reads (`qwen2`, `qwen3`,\n  `nemotron_h`) from config.json"
+    assert listed_families(text) == [{"qwen2", "qwen3", "nemotron_h"}]
+    assert listed_families(text)[0] != set(FAMILIES)
 
 
 def test_every_entry_builds_and_names_existing_files():

@@ -114,7 +114,7 @@ def test_engine_quant_cache_after_refit(flag):
     """The cache holds fake_quant(W) per Linear; a refit empties it (fix on) or not (off)."""
     cfg = make_cfg("+precision=mxfp8", *SMALL, f"fixes.quantized_weight_refresh={flag}")
     refresh = flag == "true"
-    task = build_task(cfg.task, cfg.model.vocab_size)
+    task = build_task(cfg)
     _, requests = make_requests(cfg, task, 0)
     with invariance.enabled(invariance.resolve(True, vars(cfg.fixes))):
         policy = build_policy(cfg)

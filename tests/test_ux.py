@@ -217,6 +217,17 @@ def test_wandb_reader_says_something(tmp_path):
     assert "1 history rows" in out.stdout and "train/gen_kl_error = 0" in out.stdout
 
 
+def test_an_offline_wandb_run_ends_saying_where_it_is_and_how_to_sync_it(tmp_path, capsys):
+    from zkl.tracking.run_log import RunLog
+
+    log = RunLog(tmp_path, make_cfg("tracking.wandb.mode=offline"))
+    log.log(0, {"train/gen_kl_error": 0.0})
+    log.close()
+    (run,) = (tmp_path / "wandb").glob("offline-run-*")
+    said = [line for line in capsys.readouterr().err.splitlines() if "wandb sync" in line]
+    assert said == [f"zkl: W&B logged offline to {run}; upload it with: wandb sync {run}"]
+
+
 def test_bench_says_where_it_wrote(tmp_path, capsys):
     from zkl.experiments.bench import say, write_result
 

@@ -12,13 +12,13 @@ from conftest import QUIET, make_cfg
 
 from zkl.data.tasks import build_task
 from zkl.errors import ConfigError
-from zkl.experiments.warm_start import accuracy, warm_start
+from zkl.experiments.supervised import accuracy, warm_start
 from zkl.models import build_model
 
 
 def test_it_learns_add_and_writes_what_model_checkpoint_reads(tmp_path):
     cfg = make_cfg("num_threads=1")
-    task = build_task(cfg.task, cfg.model.vocab_size)
+    task = build_task(cfg)
     before = accuracy(cfg, task, build_model(cfg.model, torch.float32, seed=cfg.seed))
     after = warm_start(tmp_path, ["num_threads=1", *QUIET], steps=40, lr=3e-3, batch_size=64)
     assert before == 0.0 and after >= 0.2, (before, after)  # measured 0.0 -> 0.32

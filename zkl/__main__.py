@@ -1,7 +1,8 @@
 """`python -m zkl`: one experiment (GRPO steps, per-step metrics) from the Hydra config.
 
-The command line and then each part's keys are checked before torch loads (`zkl.cli`,
-`zkl.run.checks`), so a refused run answers at once; the loop is imported after that.
+The command line, then each part's keys and the files the config names (`model.checkpoint`,
+a dataset task's) are checked before torch loads (`zkl.cli`, `zkl.run.checks`), so a refused
+run answers at once; the loop is imported after that.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def main(dcfg: DictConfig) -> None:
 
 def experiment(dcfg: DictConfig) -> None:
     run_dir = HydraConfig.get().runtime.output_dir
-    check_composed(dcfg)  # each part's own keys, before torch loads
+    check_composed(dcfg)  # each part's keys and files, before torch loads
     # lazy: torch and the loop load once the config has passed its checks (a refusal is quick)
     from zkl.rl.loop import run
     from zkl.run.compose import to_object  # lazy: reads a checkpoint (torch)

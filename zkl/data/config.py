@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,3 +53,19 @@ def check(task: TaskConfig) -> None:
         )
     if task.name not in TASKS and not task._target_:
         raise ConfigError(f"task.name={task.name!r} is not a built-in task; use one of {TASKS}.")
+
+
+def tokenizer_source(task: TaskConfig, checkpoint: str | None) -> tuple[str | None, str]:
+    """A dataset task's tokenizer directory, and the setting a message names it by.
+
+    `task.tokenizer` defaults to `model.checkpoint`. A directory that is the checkpoint's is
+    named as `model.checkpoint`, the key the user set, also once the default has been
+    written into `task.tokenizer` (`zkl.run.model_from_checkpoint`); None: neither is set.
+    """
+    checkpoint = os.fspath(checkpoint) if checkpoint else None
+    directory = os.fspath(task.tokenizer) if task.tokenizer else checkpoint
+    if directory is None:
+        return None, "task.tokenizer"
+    if directory == checkpoint:
+        return directory, f"model.checkpoint={checkpoint} (task.tokenizer's default)"
+    return directory, f"task.tokenizer={directory}"

@@ -4,7 +4,9 @@ The files are local JSONL / JSON / Parquet (a path or a glob), read through HF `
 with the hub off. Every fault a user can make with the files, the keys, the tokenizer or
 the reward is one sentence before any model is built: a path that matches nothing, a
 column that is not there, an empty split, a tokenizer wider than the model, a reward
-function that cannot be imported or fails on the first example.
+function that cannot be imported or fails on the first example. Those that need no rows read
+(the files, the tokenizer, the reward's import) are checked before torch loads
+(`check_inputs`, run by `zkl.run.checks`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zkl.data.config import tokenizer_source
 from zkl.data.rewards import RewardError, call_reward, load_reward
 from zkl.data.tokenizer import HFTokenizer
 from zkl.errors import ConfigError
@@ -40,14 +43,21 @@ def _builder(path: str, key: str) -> str:
     return BUILDERS[suffix]
 
 
-def read_rows(path: str, key: str) -> list[dict[str, Any]]:
-    """The rows of one local split as dicts; one sentence for a missing, bad or empty file."""
+def split_builder(path: str, key: str) -> str:
+    """The `datasets` builder of the split `key=path`; one sentence for a path that matches
+    no file, a format it does not read, or files that are all empty."""
     files = glob.glob(path)
     if not files:
         raise ConfigError(f"{key}={path} matches no file.")
     builder = _builder(path, key)
     if all(os.path.getsize(f) == 0 for f in files):  # datasets' own error says StopIteration
         raise ConfigError(f"{key}={path} has no rows; a task needs at least one example.")
+    return builder
+
+
+def read_rows(path: str, key: str) -> list[dict[str, Any]]:
+    """The rows of one local split as dicts; one sentence for a missing, bad or empty file."""
+    builder = split_builder(path, key)
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local files only: never the hub
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import datasets
@@ -64,25 +74,65 @@ def read_rows(path: str, key: str) -> list[dict[str, Any]]:
     return ds.to_list()
 
 
-class DatasetTask:
-    """A train split (sampled each step) and an optional validation split of (prompt, answer)."""
+def _require_path(cfg) -> None:
+    if not cfg.path:
+        raise ConfigError("task=dataset needs task.path=FILE (a .jsonl or .parquet file).")
 
-    def __init__(self, cfg, vocab_size: int):
+
+def open_tokenizer(cfg, checkpoint: str | None, chat_template: bool) -> HFTokenizer:
+    """The task's tokenizer (`task.tokenizer`, by default `model.checkpoint`'s), its refusals
+    naming the key the user set."""
+    directory, where = tokenizer_source(cfg, checkpoint)
+    if directory is None:
+        raise ConfigError(
+            "task=dataset needs a tokenizer: set model.checkpoint=DIR (its tokenizer is "
+            "used) or task.tokenizer=DIR."
+        )
+    return HFTokenizer(directory, chat_template, where)
+
+
+def check_inputs(cfg, checkpoint: str | None) -> None:
+    """What a dataset task reads, checked without reading a row or loading torch: the split
+    files, the tokenizer and the reward function's import. The chat template is checked as
+    the task is built: transformers renders it, and imports torch."""
+    _require_path(cfg)
+    split_builder(cfg.path, "task.path")
+    if cfg.val_path:
+        split_builder(cfg.val_path, "task.val_path")
+    open_tokenizer(cfg, checkpoint, chat_template=False)
+    load_reward(cfg.reward)
+
+
+def _check_width(cfg, checkpoint: str | None, tokens: int, vocab_size: int) -> None:
+    """A tokenizer with more tokens than the model's vocabulary, refused naming the keys set."""
+    if tokens <= vocab_size:
+        return
+    _, where = tokenizer_source(cfg, checkpoint)
+    if checkpoint:  # the model's vocabulary is the checkpoint's (config.json)
+        raise ConfigError(
+            f"{where} has {tokens} tokens but model.checkpoint={checkpoint} has "
+            f"vocab_size={vocab_size} in its config.json; name a tokenizer of its vocabulary "
+            "with task.tokenizer."
+        )
+    raise ConfigError(
+        f"{where} has {tokens} tokens but the model only {vocab_size} (model.vocab_size); "
+        "raise model.vocab_size or name a tokenizer of the model's vocabulary with "
+        "task.tokenizer."
+    )
+
+
+class DatasetTask:
+    """A train split (sampled each step) and an optional validation split of (prompt, answer).
+
+    `checkpoint`: `model.checkpoint`, the tokenizer's default directory.
+    """
+
+    def __init__(self, cfg, vocab_size: int, checkpoint: str | None = None):
         self.cfg = cfg
-        if not cfg.path:
-            raise ConfigError("task=dataset needs task.path=FILE (a .jsonl or .parquet file).")
-        if not cfg.tokenizer:
-            raise ConfigError(
-                "task=dataset needs a tokenizer: set model.checkpoint=DIR (its tokenizer is "
-                "used) or task.tokenizer=DIR."
-            )
+        _require_path(cfg)
         self.reward_fn = load_reward(cfg.reward)
-        self.tokenizer = HFTokenizer(cfg.tokenizer, cfg.chat_template)
-        if len(self.tokenizer) > vocab_size:
-            raise ConfigError(
-                f"task.tokenizer={cfg.tokenizer} has {len(self.tokenizer)} tokens but the model "
-                f"only {vocab_size} (model.vocab_size); use the checkpoint's own tokenizer."
-            )
+        self.tokenizer = open_tokenizer(cfg, checkpoint, cfg.chat_template)
+        _check_width(cfg, checkpoint, len(self.tokenizer), vocab_size)
         self.train = self._examples(cfg.path, "task.path")
         self.val = self._examples(cfg.val_path, "task.val_path") if cfg.val_path else []
         self._probe()

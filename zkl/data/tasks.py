@@ -220,12 +220,15 @@ def task_class(target: str) -> type:
     return cls
 
 
-def build_task(task_cfg, vocab_size: int):
-    """The task `task.name` (or `task._target_`) names; `residue` spans `vocab_size` tokens."""
+def build_task(cfg):
+    """The task of the run config `cfg`: the one `task.name` (or `task._target_`) names;
+    `residue` spans the model's vocabulary, `dataset` defaults its tokenizer to
+    `model.checkpoint`."""
+    task_cfg, vocab_size = cfg.task, cfg.model.vocab_size
     if task_cfg._target_:
         return task_class(task_cfg._target_)(task_cfg, vocab_size)
     if task_cfg.name == "dataset":
-        return DatasetTask(task_cfg, vocab_size)
+        return DatasetTask(task_cfg, vocab_size, cfg.model.checkpoint)
     if task_cfg.name == "add":
         return AddTask(task_cfg.max_operand)
     if task_cfg.name == "residue":

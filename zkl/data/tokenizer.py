@@ -16,14 +16,14 @@ from zkl.errors import ConfigError
 TOKENIZER_FILE = "tokenizer.json"
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path, where: str) -> dict:
     if not path.is_file():
         return {}
     try:
         with open(path) as f:
             data = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path} is not JSON ({err}); fix or remove it.") from None
+        raise ConfigError(f"{where}: {path.name} is not JSON ({err}); fix or remove it.") from None
     return data if isinstance(data, dict) else {}
 
 
@@ -43,11 +43,15 @@ def _first_id(value) -> int | None:
 class HFTokenizer:
     """encode / decode, EOS and pad ids of a Hugging Face tokenizer directory."""
 
-    def __init__(self, directory: str | Path, chat_template: bool = False, key: str = "task"):
+    def __init__(
+        self, directory: str | Path, chat_template: bool = False, where: str | None = None
+    ):
+        """`where`: the setting that named `directory`, as the refusals say it
+        (`zkl.data.config.tokenizer_source`); `task.tokenizer=DIRECTORY` unless given."""
         from tokenizers import Tokenizer
 
         self.directory = Path(directory)
-        where = f"{key}.tokenizer={directory}"
+        where = where or f"task.tokenizer={directory}"
         file = self.directory / TOKENIZER_FILE
         if not file.is_file():
             raise ConfigError(
@@ -58,9 +62,9 @@ class HFTokenizer:
             self._tok = Tokenizer.from_file(str(file))
         except Exception as err:  # the Rust loader's own error types
             raise ConfigError(f"{where}: {TOKENIZER_FILE} cannot be read ({err}).") from None
-        config = _read_json(self.directory / "tokenizer_config.json")
-        ids = {**_read_json(self.directory / "config.json")}
-        ids.update(_read_json(self.directory / "generation_config.json"))
+        config = _read_json(self.directory / "tokenizer_config.json", where)
+        ids = {**_read_json(self.directory / "config.json", where)}
+        ids.update(_read_json(self.directory / "generation_config.json", where))
         self.eos_id = self._special(config.get("eos_token"), ids.get("eos_token_id"))
         if self.eos_id is None:
             raise ConfigError(

@@ -20,13 +20,11 @@ import statistics
 import time
 from pathlib import Path
 
-import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from zkl import console, invariance
-from zkl.cli import job, run_hydra
 from zkl.data.tasks import build_task
 from zkl.device import resolve_device
 from zkl.experiments import bench_rl
@@ -42,7 +40,6 @@ from zkl.layouts.transport import BROADCAST
 from zkl.precision import DTYPES
 from zkl.rl.loop import make_requests, validate_run
 from zkl.run.compose import to_object
-from zkl.run.schema import CONF_DIR
 from zkl.trainer.build import build_policy
 from zkl.trainer.policy import Policy
 from zkl.trainer.scoring import score
@@ -100,7 +97,7 @@ def measure_refit(cfg: BenchRunConfig, policy: Policy, eos_id: int) -> dict[str,
 
 
 def run_bench(cfg: BenchRunConfig, run_dir: str | Path) -> dict[str, float]:
-    task = build_task(cfg.task, cfg.model.vocab_size)
+    task = build_task(cfg)
     validate_run(cfg, task)
     check_bench(cfg.bench, resolve_device(cfg.device).type == "cuda")
     say(f"building {cfg.model.name} on {cfg.device}; results go to {Path(run_dir) / 'bench.json'}")
@@ -195,15 +192,5 @@ def run_rl(cfg: BenchRunConfig, run_dir: str | Path) -> dict:
     return result
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
-def main(dcfg: DictConfig) -> None:
-    job("zkl.bench", lambda: bench(dcfg))
-
-
 def bench(dcfg: DictConfig) -> None:
     run_bench(to_object(dcfg), HydraConfig.get().runtime.output_dir)
-
-
-def entry() -> None:
-    """`python -m zkl.bench`'s command line, checked by zkl/bench.py before torch loads."""
-    run_hydra("zkl.bench", main, BenchRunConfig)

@@ -102,7 +102,7 @@ def _peak_gb() -> float:
 def generation_rows(cfg: Any, shape: str, bandwidth: float) -> dict[str, object]:
     prompt, response, rollouts = parse_shape(shape)
     c = shaped_config(cfg, prompt, response, rollouts)
-    task = build_task(c.task, c.model.vocab_size)
+    task = build_task(c)
     policy = build_policy(c)
     _, requests = make_requests(c, task, step=0)
     out: dict[str, object] = {}
@@ -143,7 +143,7 @@ def generation_rows(cfg: Any, shape: str, bandwidth: float) -> dict[str, object]
 def step_rows(cfg: Any, shape: str) -> dict[str, object]:
     prompt, response, rollouts = parse_shape(shape)
     c = shaped_config(cfg, prompt, response, rollouts)
-    task = build_task(c.task, c.model.vocab_size)
+    task = build_task(c)
     out: dict[str, object] = {}
     key = f"rl_step/{shape}"
     policy = build_policy(c)

@@ -27,18 +27,15 @@ from __future__ import annotations
 
 import gc
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from zkl import invariance
-from zkl.cli import job, run_hydra
 from zkl.console import say
 from zkl.device import resolve_device
 from zkl.errors import NonFinite
@@ -47,7 +44,6 @@ from zkl.experiments.beds import Run, bed_dir, plan
 from zkl.experiments.certify import certify
 from zkl.experiments.schema import CertRunConfig
 from zkl.run.compose import to_object
-from zkl.run.schema import CONF_DIR
 from zkl.state import run_lock
 
 RESULTS_FILE, TABLE_FILE = "cert.jsonl", "cert.txt"
@@ -151,11 +147,6 @@ def format_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
-def main(dcfg: DictConfig) -> None:
-    job("zkl.cert", lambda: certify_all(dcfg))
-
-
 def certify_all(dcfg: DictConfig) -> int:
     """The exit code: 0 when every certified bed is exactly zero, else 1."""
     results = run_cert(to_object(dcfg), HydraConfig.get().runtime.output_dir)
@@ -174,12 +165,3 @@ def list_fixes() -> str:
             f"{fix.name}\n  cause: {fix.cause}\n  fix:   {fix.remedy}\n  test:  {fix.test}"
         )
     return "\n".join(blocks)
-
-
-def entry() -> None:
-    """`python -m zkl.cert`'s command line, checked by zkl/cert.py before torch loads:
-    `--list-fixes`, or a Hydra run."""
-    if "--list-fixes" in sys.argv[1:]:
-        print(list_fixes())
-        sys.exit(0)
-    run_hydra("zkl.cert", main, CertRunConfig)

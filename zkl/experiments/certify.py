@@ -41,7 +41,7 @@ def cert_requests(cfg: CertRunConfig, task, seed: int) -> list[Request]:
 
 def check(cfg: CertRunConfig) -> None:
     """Every config check the run of `cfg` makes, made before any bed starts."""
-    task = build_task(cfg.task, cfg.model.vocab_size)
+    task = build_task(cfg)
     if cfg.cert.steps == 0 and cfg.trainer.world_size > 1:
         raise ConfigError(
             "cert.steps=0 runs in one process; certify trainer.world_size="
@@ -57,7 +57,7 @@ def check(cfg: CertRunConfig) -> None:
 def certify_step0(cfg: CertRunConfig) -> dict[str, Any]:
     """Generate under every schedule, score under several groupings, compare every token."""
     check(cfg)
-    task = build_task(cfg.task, cfg.model.vocab_size)
+    task = build_task(cfg)
     requests = cert_requests(cfg, task, cfg.seed)
     lp_train, lp_gen = [], []
     with invariance.enabled(invariance.from_config(cfg)):

@@ -207,12 +207,31 @@ def check_top_k(cfg: ModelConfig, experts: str) -> None:
         )
 
 
+def from_checkpoint(cfg: ModelConfig) -> str:
+    """What a refusal naming an architecture key (`model.hidden_size`, ...) adds when
+    `model.checkpoint` is set: that is the key the user set, and its config.json fixes the
+    architecture (read from it, or a model group that must agree with it)."""
+    return f" (from model.checkpoint={cfg.checkpoint}'s config.json)" if cfg.checkpoint else ""
+
+
+def model_named(cfg: ModelConfig) -> str:
+    """The model as a refusal names it: the checkpoint the user gave, else its group."""
+    return f"model.checkpoint={cfg.checkpoint}" if cfg.checkpoint else f"model={cfg.name}"
+
+
 def check_positions(cfg: ModelConfig, positions: int, needed_by: str) -> None:
     """The one position limit, wherever a sequence's length is first known (the run's
     config, the engine's requests, the train path's forward): ConfigError when `positions`
     exceed `model.max_position_embeddings` (the rotary tables are read unchecked)."""
-    if positions > cfg.max_position_embeddings:
+    if positions <= cfg.max_position_embeddings:
+        return
+    short = (
+        f"model.max_position_embeddings={cfg.max_position_embeddings} is shorter than the "
+        f"{positions} positions {needed_by}"
+    )
+    if cfg.checkpoint:  # a checkpoint's context is its config.json's, or shorter
         raise ConfigError(
-            f"model.max_position_embeddings={cfg.max_position_embeddings} is shorter than the "
-            f"{positions} positions {needed_by}; raise it."
+            f"{short}, and model.checkpoint={cfg.checkpoint} allows no more than its "
+            "config.json's; shorten the prompts or sampling.max_new_tokens."
         )
+    raise ConfigError(f"{short}; raise it.")

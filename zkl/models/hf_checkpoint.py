@@ -19,18 +19,16 @@ Nothing here imports transformers: the reader is plain JSON + safetensors.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import torch
 
+from zkl.checkpoint_files import safetensors_files
 from zkl.models.config import ModelConfig
 from zkl.models.fused import Layout, fused_layout, join_fused, split_fused
 from zkl.models.hf_config import read_config
 from zkl.models.registry import build_on_meta, family, family_of_hf, validate_model
-
-INDEX_FILE = "model.safetensors.index.json"
 
 # Keys some (older) checkpoints carry that are not weights: recomputed from the config.
 _IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
@@ -48,26 +46,11 @@ def model_config_from_hf(path: str | Path, name: str | None = None) -> ModelConf
     return cfg
 
 
-def _safetensors_files(path: Path) -> list[Path]:
-    index = path / INDEX_FILE
-    if index.is_file():
-        with open(index) as f:
-            names = sorted(set(json.load(f)["weight_map"].values()))
-        missing = [n for n in names if not (path / n).is_file()]
-        if missing:
-            raise ValueError(f"{INDEX_FILE} in {str(path)!r} lists missing shards {missing}.")
-        return [path / n for n in names]
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"checkpoint {str(path)!r} has no *.safetensors file.")
-    return files
-
-
 def _read_tensors(path: Path, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
     from safetensors import safe_open
 
     tensors: dict[str, torch.Tensor] = {}
-    for file in _safetensors_files(path):
+    for file in safetensors_files(path):
         with safe_open(str(file), framework="pt", device=str(device)) as f:
             names = f.keys()
             for key in names:

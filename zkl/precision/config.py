@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zkl.errors import ConfigError
+from zkl.models.config import from_checkpoint
 
 MX_BLOCK = 32  # an MXFP8 scale covers 32 elements along K
 
@@ -42,16 +43,23 @@ def check(precision: PrecisionConfig, model: Any) -> None:
 
 def _check_mx_shapes(model: Any) -> None:
     """Every GEMM's K (the input width of each quantized linear) a whole number of blocks."""
+    by = from_checkpoint(model)  # the key the user set, when a checkpoint set the sizes
     dense = any(not model.layer_is_moe(i) for i in range(model.num_hidden_layers))
     for key in ("hidden_size", "intermediate_size") if dense else ("hidden_size",):
         if getattr(model, key) % MX_BLOCK:
-            raise ConfigError(f"model.{key} must be a multiple of 32 for precision=mxfp8.")
+            raise ConfigError(f"model.{key}{by} must be a multiple of 32 for precision=mxfp8.")
     if model.is_moe and model.moe_intermediate_size % MX_BLOCK:
-        raise ConfigError("model.moe_intermediate_size must be a multiple of 32 for mxfp8.")
+        raise ConfigError(f"model.moe_intermediate_size{by} must be a multiple of 32 for mxfp8.")
     # Mamba's out_proj and a shared expert's down_proj (both widths are 0 where absent)
     if model.mamba_num_heads * model.mamba_head_dim % MX_BLOCK:
-        raise ConfigError("model.mamba_num_heads * model.mamba_head_dim must be a multiple of 32.")
+        raise ConfigError(
+            f"model.mamba_num_heads * model.mamba_head_dim{by} must be a multiple of 32."
+        )
     if model.moe_shared_expert_intermediate_size % MX_BLOCK:
-        raise ConfigError("model.moe_shared_expert_intermediate_size must be a multiple of 32.")
+        raise ConfigError(
+            f"model.moe_shared_expert_intermediate_size{by} must be a multiple of 32."
+        )
     if model.num_attention_heads * model.head_dim % MX_BLOCK:
-        raise ConfigError("model.num_attention_heads * model.head_dim must be a multiple of 32.")
+        raise ConfigError(
+            f"model.num_attention_heads * model.head_dim{by} must be a multiple of 32."
+        )

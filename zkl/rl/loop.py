@@ -97,7 +97,7 @@ def run(cfg: ZklConfig, run_dir: str | Path, progress: bool | None = None) -> li
     checked, the run holds the run directory's lock (zkl/state/run_lock.py) before it reads or
     writes anything there.
     """
-    task = build_task(cfg.task, cfg.model.vocab_size)
+    task = build_task(cfg)
     validate_run(cfg, task)
     environment.check(wandb_on=cfg.tracking.wandb.mode != "disabled")
     if not launch.owns_run_dir():  # a rank its spawner (or rank 0) holds the lock for

@@ -1,10 +1,14 @@
-"""Each part's checks of its own keys, run before torch loads: a refusal is immediate.
+"""Each part's checks of its own keys, and the files the config names, run before torch
+loads: a refusal is immediate.
 
 The parts' `config` leaves are imported by their own names (`from zkl.layouts.config import
 check`, never `from zkl.layouts import config`, which would run the part's `__init__`).
 `check_composed` is the first thing an entry point's Hydra job does with the composed
-config; `zkl.run.validate.validate` runs the same checks first, then the ones that need
-the machine, the model or the task (device, memory, tokenizer, weights).
+config (`check_overrides` for one that composes without `@hydra.main`): the keys, then
+`model.checkpoint`'s files (`zkl.checkpoint_files`) and a dataset task's files, tokenizer
+and reward (`zkl.data.dataset.check_inputs`). `zkl.run.validate.validate` runs the keys'
+checks first, then the ones that need the machine, the model or the task (device, memory,
+the checkpoint against the model, the task's rows).
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from zkl.checkpoint_files import check_files
 from zkl.data.config import check as check_task
+from zkl.data.dataset import check_inputs as check_dataset_inputs
 from zkl.errors import ConfigError
 from zkl.generation.config import check as check_generation
 from zkl.layouts.config import check as check_layout
@@ -21,6 +27,9 @@ from zkl.models.config import validate_shapes
 from zkl.precision.config import check as check_precision
 from zkl.rl.config import check as check_rl
 from zkl.run.keys import reject_unknown_keys
+from zkl.run.overrides import normalize, preflight
+from zkl.run.register import compose_dict
+from zkl.run.schema import ZklConfig
 from zkl.run.values import check_values
 from zkl.state.config import check as check_checkpoint
 from zkl.tracking.config import check as check_tracking
@@ -58,12 +67,31 @@ def check_parts(cfg: Any, model: bool = True) -> None:
         raise ConfigError(f"num_threads={cfg.num_threads} must be at most {MAX_THREADS}.")
 
 
+def check_inputs(cfg: Any) -> None:
+    """The files the config names, checked without torch: `model.checkpoint`'s directory,
+    JSON files and safetensors headers; a dataset task's splits, tokenizer and reward."""
+    if cfg.model.checkpoint:
+        check_files(cfg.model.checkpoint)
+    if cfg.task.name == "dataset" and not cfg.task._target_:
+        check_dataset_inputs(cfg.task, cfg.model.checkpoint)
+
+
 def check_composed(dcfg: DictConfig) -> Any:
-    """The typed config of a Hydra job, its keys and each part's values checked (no torch).
+    """The typed config of a Hydra job, its keys, each part's values and the files it names
+    checked (no torch).
 
     The model is checked here unless `model.checkpoint` replaces it (then in `validate`).
     """
     reject_unknown_keys(dcfg)
     cfg = OmegaConf.to_object(dcfg)
     check_parts(cfg, model=not cfg.model.checkpoint)
+    check_inputs(cfg)
     return cfg
+
+
+def check_overrides(overrides: list[str], schema: type = ZklConfig) -> Any:
+    """`check_composed` for an entry point that composes without `@hydra.main` (the warm
+    start): the overrides checked (`zkl.run.overrides.preflight`), composed and checked."""
+    normalized = normalize(overrides)
+    preflight(normalized, schema=schema)
+    return check_composed(compose_dict(normalized, schema))

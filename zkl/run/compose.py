@@ -1,4 +1,5 @@
-"""The typed config from Hydra: the schema registered (`zkl.run.register`), overrides composed.
+"""The typed config from Hydra: the schema registered and the overrides composed
+(`zkl.run.register`), `model.checkpoint` read.
 
 `zkl.cli.hydra_entry` registers the entry point's schema before `@hydra.main` runs;
 `compose` does the same for tests and scripts.
@@ -9,15 +10,13 @@ from __future__ import annotations
 import os
 from dataclasses import fields, replace
 
-from hydra import compose as hydra_compose
-from hydra import initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from zkl.errors import ConfigError
 from zkl.run.keys import reject_unknown_keys
 from zkl.run.model_from_checkpoint import hydra_overrides, resolve_checkpoint
 from zkl.run.overrides import normalize
-from zkl.run.register import register
+from zkl.run.register import compose_dict
 from zkl.run.schema import CONF_DIR, ZklConfig
 
 
@@ -36,10 +35,8 @@ def to_object(cfg: DictConfig, overrides: list[str] | None = None) -> ZklConfig:
 def compose(overrides: list[str] | None = None, schema: type = ZklConfig) -> ZklConfig:
     """The config `python -m zkl <overrides>` would run with (for tests and scripts); with an
     experiment's schema (`zkl.experiments.schema`), the one its entry point would run with."""
-    register(schema)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        normalized = normalize(list(overrides or []))
-        return to_object(hydra_compose("config", overrides=normalized), normalized)
+    normalized = normalize(list(overrides or []))
+    return to_object(compose_dict(normalized, schema), normalized)
 
 
 def load_group_option(cfg: ZklConfig, group: str, option: str) -> ZklConfig:

@@ -13,13 +13,13 @@ checkpoint's tokenizer.
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from zkl.checkpoint_check import checkpoint_config
+from zkl.data.config import tokenizer_source
 from zkl.errors import ConfigError
 from zkl.models.config import ModelConfig
 from zkl.run.model_overrides import model_keys, names_model_group
@@ -87,7 +87,6 @@ def resolve_checkpoint(cfg, overrides: list[str] | None, conf_dir: str):
     if cfg.model.checkpoint and not names_model_group(overrides):
         explicit = explicit_model_keys(cfg.model, overrides, conf_dir)
         cfg.model = model_from_checkpoint(cfg.model, explicit)
-    task = cfg.task
-    if task.name == "dataset" and not task.tokenizer and cfg.model.checkpoint:
-        task.tokenizer = os.fspath(cfg.model.checkpoint)
+    if cfg.task.name == "dataset":
+        cfg.task.tokenizer = tokenizer_source(cfg.task, cfg.model.checkpoint)[0]
     return cfg

@@ -1,4 +1,5 @@
-"""The schema and the resolvers in Hydra, before it composes: nothing here runs at import.
+"""The schema and the resolvers in Hydra, before it composes (nothing here runs at import),
+and Hydra's composition of a list of overrides outside `@hydra.main`; no torch.
 
 Each entry point registers its own schema under one name (`ZklConfig` for `python -m zkl`,
 the experiments' extensions for `zkl.cert` and `zkl.bench`); conf/config.yaml's first
@@ -7,12 +8,13 @@ default names it, so the same YAML serves all three.
 
 from __future__ import annotations
 
+from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from zkl.distributed.config import node_gpus, tasks_per_node
 from zkl.layouts.config import layout_gpus
-from zkl.run.schema import ZklConfig
+from zkl.run.schema import CONF_DIR, ZklConfig
 
 SCHEMA_NAME = "zkl_schema"  # conf/config.yaml's first default
 
@@ -23,3 +25,11 @@ def register(schema: type = ZklConfig) -> None:
     OmegaConf.register_new_resolver("zkl_gpus", layout_gpus, replace=True)
     OmegaConf.register_new_resolver("zkl_tasks_per_node", tasks_per_node, replace=True)
     OmegaConf.register_new_resolver("zkl_node_gpus", node_gpus, replace=True)
+
+
+def compose_dict(overrides: list[str], schema: type = ZklConfig) -> DictConfig:
+    """The config Hydra composes from conf/ and `overrides` (normalized: `zkl.run.overrides`),
+    `schema` registered: what `@hydra.main` hands an entry point's job."""
+    register(schema)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return compose("config", overrides=overrides)

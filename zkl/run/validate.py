@@ -21,7 +21,7 @@ from zkl.generation.graphs import graph_unsupported_reason
 from zkl.megatron.check import engine_problem
 from zkl.megatron.mapping import ENGINES
 from zkl.memory import check_memory
-from zkl.models.config import check_positions
+from zkl.models.config import check_positions, from_checkpoint, model_named
 from zkl.models.registry import family, validate_model
 from zkl.precision.fp16 import check_fp16
 from zkl.rl.config import check_treatments
@@ -57,7 +57,7 @@ def validate(
 
 def default_positions(cfg: Any) -> int:
     """Positions a run of the configured task needs: its longest prompt plus the response."""
-    return build_task(cfg.task, cfg.model.vocab_size).max_prompt_len + cfg.sampling.max_new_tokens
+    return build_task(cfg).max_prompt_len + cfg.sampling.max_new_tokens
 
 
 def _check_device(cfg: ZklConfig) -> bool:
@@ -104,15 +104,20 @@ def _check_graphs(cfg: ZklConfig, on_cuda: bool) -> None:
     )
     if reason:
         raise ConfigError(
-            f"engine.cuda_graphs=on cannot work with model={cfg.model.name}: {reason}; use "
+            f"engine.cuda_graphs=on cannot work with {model_named(cfg.model)}: {reason}; use "
             "engine.cuda_graphs=auto or off."
         )
 
 
 def _check_vocab_positions(cfg: ZklConfig, vocab_needed: int | None, positions: int) -> None:
     if vocab_needed is not None and cfg.model.vocab_size < vocab_needed:
+        fix = (
+            "use a task whose tokenizer fits the checkpoint's vocabulary"
+            if cfg.model.checkpoint  # its config.json fixes the vocabulary
+            else "raise model.vocab_size"
+        )
         raise ConfigError(
-            f"model.vocab_size={cfg.model.vocab_size} is smaller than the task tokenizer's "
-            f"{vocab_needed} tokens; raise model.vocab_size."
+            f"model.vocab_size={cfg.model.vocab_size}{from_checkpoint(cfg.model)} is smaller "
+            f"than the task tokenizer's {vocab_needed} tokens; {fix}."
         )
     check_positions(cfg.model, positions, "a prompt plus sampling.max_new_tokens needs")

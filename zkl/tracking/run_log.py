@@ -4,7 +4,8 @@ Every step is appended and flushed to disk before the next one starts, so a cras
 loses a logged step. A line goes out in one write and is cut back if the write fails or is
 interrupted, so the files hold only complete lines (a SIGKILL mid-write can still tear the
 last one: the reader skips it, the next writer cuts it). W&B is offline by default; its
-group and tags come from the config axes so runs of one sweep compare side by side.
+group and tags come from the config axes so runs of one sweep compare side by side, and an
+offline run ends with a line saying where it lies and the `wandb sync` that uploads it.
 """
 
 from __future__ import annotations
@@ -178,10 +179,14 @@ class RunLog:
         while self._fds:
             os.close(self._fds.pop())
         if getattr(self, "_wandb", None) is not None:
+            hint = wandb_run.sync_hint(self._wandb)
             try:
                 self._wandb.finish()
             except Exception as err:
                 self._wandb_lost(err)
+            else:
+                if hint:
+                    say(hint)
             self._wandb = None
 
 

@@ -100,3 +100,12 @@ def start(cfg: Any, run_dir: Path, config: dict, wandb_id: str | None, group: st
             "WANDB_BASE_URL, or set tracking.wandb.mode=offline (or "
             "tracking.wandb.fallback=offline)."
         ) from None
+
+
+def sync_hint(run: Any) -> str | None:
+    """The line that says where an offline W&B run lies and how to upload it (its directory
+    under the run's `wandb/`); None for an online run."""
+    if not run.offline:
+        return None
+    where = run.settings.sync_dir
+    return f"zkl: W&B logged offline to {where}; upload it with: wandb sync {where}"

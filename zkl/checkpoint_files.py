@@ -1,0 +1,240 @@
+"""`model.checkpoint`'s files checked without torch: the directory, its JSON files, every
+safetensors header.
+
+A missing, truncated or damaged checkpoint is so refused before torch loads
+(`zkl.run.checks` runs `check_files` with the command line's other checks).
+
+`read_header` is the one reader of a safetensors header: the safetensors library through
+its numpy framework, which reads the header and no tensor (its torch framework would import
+torch). `zkl/checkpoint_check.py` then compares the checkpoint with the model, which needs
+the families and a meta-device model (torch); the loader (`zkl.models.hf_checkpoint`) reads
+the shards `safetensors_files` lists.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+from pathlib import Path
+
+from safetensors import SafetensorError, safe_open
+
+from zkl.errors import ConfigError
+
+INDEX_FILE = "model.safetensors.index.json"
+# The safetensors dtypes a zkl model can hold, with their bytes per element. Others the
+# format allows (U16, U32, U64, F8_E8M0, F4, ...) no zkl model holds and torch cannot make
+# some of them: a header naming one is refused by name.
+DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+}
+MAX_HEADER_BYTES = 100 * 2**20  # the safetensors format's own limit
+MAX_JSON_BYTES = 64 * 2**20  # config.json and the shard index are a few kB
+MAX_JSON_DEPTH = 64  # a safetensors header nests 3 deep, a config.json a handful
+_JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.S)
+_BRACKETS = bytes.maketrans(b"[{]}", b"(())")
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+
+
+def regular_file(file: Path) -> None:
+    """ValueError unless `file` is a regular file: a FIFO or device would block the reader."""
+    try:
+        mode = os.stat(file).st_mode
+    except OSError as err:
+        raise ValueError(f"{file.name} cannot be read ({err.strerror or err}).") from None
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{file.name} is not a regular file.")
+
+
+def nests_deeper(data: bytes, limit: int) -> bool:
+    """Whether the JSON text `data` nests arrays/objects more than `limit` deep; no recursion.
+
+    Strings are cut out, the brackets kept; each pass drops the innermost pairs, so more
+    than `limit` passes (or more unclosed openers) is deeper than `limit`.
+    """
+    brackets = _JSON_STRING.sub(b"", data).translate(_BRACKETS, _NOT_BRACKETS)
+    for _ in range(limit):
+        shorter = brackets.replace(b"()", b"")
+        if shorter == brackets:
+            return brackets.count(b"(") > limit
+        brackets = shorter
+    return b"(" in brackets
+
+
+def read_json(file: Path, what: str) -> object:
+    """`file` parsed, after the checks that keep the parser from hanging or recursing."""
+    regular_file(file)
+    if file.stat().st_size > MAX_JSON_BYTES:
+        raise ValueError(f"{what} is larger than {MAX_JSON_BYTES >> 20} MiB.")
+    data = file.read_bytes()
+    if nests_deeper(data, MAX_JSON_DEPTH):
+        raise ValueError(f"{what} nests deeper than {MAX_JSON_DEPTH} levels.")
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        detail = f"{err.msg}, line {err.lineno}" if isinstance(err, json.JSONDecodeError) else err
+        raise ValueError(f"{what} is not JSON ({detail}).") from None
+
+
+def read_header(file: Path) -> dict[str, tuple[str, list[int]]]:
+    """name -> (dtype, shape) from a safetensors header; ValueError if corrupt or truncated.
+
+    The safetensors library reads the header (without touching the data) and checks what it
+    checks when it loads: every entry well-typed, the tensors' byte ranges in bounds, not
+    overlapping and with no gap, covering the data exactly, `__metadata__` a str -> str map.
+    Its refusal is then explained by `_explain` (which tensor, which way).
+    """
+    regular_file(file)  # safe_open would block on a FIFO
+    try:
+        with safe_open(str(file), "numpy") as f:  # numpy: the header alone, and no torch
+            out = {}
+            for name in f.keys():  # noqa: SIM118 (safe_open, not a dict)
+                part = f.get_slice(name)
+                out[name] = (part.get_dtype(), list(part.get_shape()))
+    except SafetensorError as err:
+        _explain(file)
+        reason = str(err).split(": ", 1)[-1]
+        raise ValueError(f"{file.name} has a corrupt safetensors header ({reason}).") from None
+    for name, (dtype, _) in out.items():
+        if dtype not in DTYPE_BYTES:
+            raise ValueError(f"{file.name} has a corrupt safetensors header entry for {name!r}.")
+    return out
+
+
+def _explain(file: Path) -> None:
+    """Raise the ValueError that names what safetensors refused in `file`'s header.
+
+    The library says only which check failed; this reads the header again to say where
+    (the tensor, overlap or gap, truncation or extra bytes). Returns when it finds nothing.
+    """
+    size = file.stat().st_size
+    with open(file, "rb") as f:
+        head = f.read(8)
+        length = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 0 < length <= min(MAX_HEADER_BYTES, size - 8):
+            raise ValueError(f"{file.name} is not a safetensors file or is truncated (no header).")
+        raw = f.read(length)
+    if nests_deeper(raw, MAX_JSON_DEPTH):
+        raise ValueError(f"{file.name} has a safetensors header nested too deep.")
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        header = None
+    if not isinstance(header, dict):
+        raise ValueError(f"{file.name} has a corrupt safetensors header.")
+    metadata = header.get("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise ValueError(f"{file.name} has a __metadata__ that is not a map of strings.")
+    data_bytes = size - 8 - length
+    ranges = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = _entry_range(info)
+        if end < 0:
+            raise ValueError(f"{file.name} has a corrupt safetensors header entry for {name!r}.")
+        if end > data_bytes:
+            raise ValueError(
+                f"{file.name} is truncated: tensor {name!r} ends at byte {end} of the data, "
+                f"the file holds {data_bytes}."
+            )
+        ranges.append((begin, end, name))
+    position, previous = 0, None
+    for begin, end, name in sorted(ranges):
+        if begin != position:
+            where = f"after {previous!r}" if previous else "at the start of the data"
+            what = "overlaps the tensor before it" if begin < position else "leaves a gap"
+            raise ValueError(
+                f"{file.name}: the bytes of tensor {name!r} {what} ({where}, byte {begin} "
+                f"instead of {position}); the header's data_offsets are corrupt."
+            )
+        position, previous = end, name
+    if position != data_bytes:
+        raise ValueError(
+            f"{file.name} holds {data_bytes - position} bytes after its last tensor; the "
+            "header's data_offsets are corrupt."
+        )
+
+
+def _entry_range(info: object) -> tuple[int, int]:
+    """A header entry's [begin, end) byte range, or (-1, -1) when the entry is malformed:
+    offsets not two ints, a shape not of ints, a dtype zkl does not know, or a range whose
+    length is not the tensor's size."""
+    offsets = info.get("data_offsets") if isinstance(info, dict) else None
+    if not (isinstance(offsets, list) and len(offsets) == 2):
+        return -1, -1
+    shape = info.get("shape")
+    ints = [*offsets, *shape] if isinstance(shape, list) else [None]
+    if not all(type(x) is int and x >= 0 for x in ints) or info.get("dtype") not in DTYPE_BYTES:
+        return -1, -1
+    begin, end = offsets
+    nbytes = math.prod(shape) * DTYPE_BYTES[info["dtype"]]
+    return (begin, end) if end - begin == nbytes else (-1, -1)
+
+
+def safetensors_files(path: Path) -> list[Path]:
+    """The shards the index lists (each must be there), else every `*.safetensors` file."""
+    index = path / INDEX_FILE
+    if os.path.lexists(index):
+        weight_map = read_json(index, INDEX_FILE)
+        weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(v, str) for v in weight_map.values()
+        ):
+            raise ValueError(f"{INDEX_FILE} has no weight_map of tensor names to shard files.")
+        names = sorted(set(weight_map.values()))
+        missing = [n for n in names if not (path / n).is_file()]
+        if missing:
+            raise ValueError(f"{INDEX_FILE} lists missing shards {missing}.")
+        return [path / n for n in names]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError("the directory has no *.safetensors file.")
+    return files
+
+
+def headers(path: Path) -> dict[str, tuple[str, list[int]]]:
+    """name -> (dtype, shape) of every tensor of the checkpoint at `path`, over its shards."""
+    out: dict[str, tuple[str, list[int]]] = {}
+    for file in safetensors_files(path):
+        for name, entry in read_header(file).items():
+            if name in out:
+                raise ValueError(f"tensor {name!r} appears in more than one safetensors file.")
+            out[name] = entry
+    return out
+
+
+def check_files(checkpoint: str) -> None:
+    """ConfigError naming `model.checkpoint` unless its directory holds a readable config.json
+    and safetensors files whose headers are whole: what can be known without torch."""
+    key = f"model.checkpoint={checkpoint}"
+    path = Path(checkpoint)
+    if not path.exists():
+        raise ConfigError(f"{key} does not exist.")
+    if not path.is_dir():
+        raise ConfigError(f"{key} is not a directory with config.json and *.safetensors files.")
+    if not os.path.lexists(path / "config.json"):
+        raise ConfigError(f"{key} has no config.json.")
+    try:
+        read_json(path / "config.json", "config.json")
+        for file in path.glob("*.safetensors"):
+            regular_file(file)
+        headers(path)
+    except ValueError as err:
+        raise ConfigError(f"{key}: {err}") from None

@@ -26,6 +26,7 @@ from zkl.layouts import build_generator
 from zkl.rl.evaluate import val_due, validate_policy
 from zkl.rl.grpo import group_advantages
 from zkl.rl.metrics import mismatch_metrics
+from zkl.rl.trained import warn_untrained
 from zkl.run.schema import ZklConfig
 from zkl.run.validate import validate
 from zkl.state import checkpoint, run_lock
@@ -147,6 +148,8 @@ def _run(cfg: ZklConfig, task, run_dir, progress: bool | None, world) -> list[di
                     val = validate_step(cfg, task, generator, step)
                     row = train_step(cfg, task, policy, generator, step, log, val)
                     rows.append(row)
+                    if world.is_main:
+                        warn_untrained(rows, cfg.rl.warn_untrained_after, cfg.rl.lr)
                     saver.after_step(step)
     finally:
         if generator is not None:

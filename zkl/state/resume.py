@@ -33,7 +33,14 @@ if TYPE_CHECKING:  # the schema composes the parts; a part names it only in anno
     from zkl.run.schema import ZklConfig
 
 # Keys a resumed run may change: none of them changes a logged number.
-MAY_CHANGE = ("resume", "rl.steps", "checkpoint.", "tracking.progress", "tracking.wandb.")
+MAY_CHANGE = (
+    "resume",
+    "rl.steps",
+    "rl.warn_untrained_after",
+    "checkpoint.",
+    "tracking.progress",
+    "tracking.wandb.",
+)
 
 
 def config_dict(cfg: ZklConfig) -> dict[str, Any]:

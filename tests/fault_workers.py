@@ -1,8 +1,10 @@
-"""Generation workers that die on purpose, for the dedicated layout's fault tests.
+"""Parts that fail on purpose, for the fault tests.
 
-`python tests/fault_workers.py MODE RUN_DIR` builds a DedicatedGenerator whose child runs
-one of these instead of `zkl.layouts.worker.serve` (spawn imports them from here by name),
-and prints the one-line fault the trainer gets and how long it took.
+Generation workers that die: `python tests/fault_workers.py MODE RUN_DIR` builds a
+DedicatedGenerator whose child runs one of these instead of `zkl.layouts.worker.serve` (spawn
+imports them from here by name), and prints the one-line fault the trainer gets and how long
+it took. A task whose reward stalls mid-step (`task._target_=fault_workers:StallingAddTask`,
+with tests/ on PYTHONPATH), so a signal surely arrives while a step is in flight.
 """
 
 from __future__ import annotations
@@ -10,6 +12,29 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
+
+from zkl.data.tasks import AddTask
+
+
+class StallingAddTask(AddTask):
+    """The add task (the same rewards), whose reward call number `task.params.stall_at`
+    (counted from 0 in this process) writes the file `task.params.marker` and sleeps until a
+    signal's handler raises (a second Ctrl-C). It stalls only while the marker is absent, so a
+    resumed run goes through."""
+
+    def __init__(self, cfg, vocab_size: int):
+        super().__init__(cfg.max_operand)
+        self.stall_at = int(cfg.params["stall_at"])
+        self.marker = Path(cfg.params["marker"])
+        self.calls = 0
+
+    def reward(self, problem, response: list[int]) -> float:
+        if self.calls == self.stall_at and not self.marker.exists():
+            self.marker.write_text(f"{os.getpid()}\n")
+            time.sleep(600)
+        self.calls += 1
+        return super().reward(problem, response)
 
 
 def exit_during_rendezvous(conn, cfg, fixes, eos_id, store, threads, private) -> None:

@@ -198,16 +198,22 @@ def test_sharded_checkpoint_resumes_bitwise(sharded_reference, tmp_path):
         run(make_cfg("rl.steps=6", "resume=true", *RESUME, "trainer.world_size=1"), tmp_path)
 
 
-def test_sigterm_saves_sharded_checkpoint_and_resumes(sharded_reference, tmp_path):
-    """SIGTERM to the launcher reaches every rank; they finish the step together, save
-    their shards and exit 143; the resumed run equals the uninterrupted one."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_saves_sharded_checkpoint_and_resumes(sharded_reference, tmp_path, sig):
+    """SIGTERM to the launcher reaches every rank; so does a terminal's Ctrl-C (to the whole
+    process group: each rank gets it, and SIGTERM from the launcher). They finish the step
+    together, save their shards and exit 143 (130); the resumed run equals the uninterrupted
+    one."""
     extra = [x for x in RESUME if not x.startswith(("rl.prompts", "rl.samples"))]  # in start()
     proc = start([*extra, "rl.steps=5", "checkpoint.every=100"], tmp_path / "run")
     run_dir = tmp_path / "run"
     wait_for_step(proc, run_dir)
-    proc.send_signal(signal.SIGTERM)
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert proc.returncode == 128 + sig, err
     logged = len(read_metrics(run_dir))
     meta = torch.load(run_dir / CHECKPOINT_FILE, weights_only=True)
     assert meta["step"] == logged < 5 and (run_dir / meta["shards"]).is_dir()

@@ -1,7 +1,8 @@
 """Process and disk faults end in one line and a known exit code, never a traceback or a hang.
 
 The generation process dying (at start-up, in the rendezvous, mid-run, or with an error),
-Ctrl-C, a full disk, an unwritable run directory, and a metrics file torn by a killed writer.
+Ctrl-C (once: the step finishes and is saved; twice: the step in flight is abandoned), a full
+disk, an unwritable run directory, and a metrics file torn by a killed writer.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import SMALL, make_cfg
 
 from zkl.errors import RunFault
+from zkl.state.checkpoint_file import CHECKPOINT_FILE
 from zkl.tracking import run_log
 from zkl.tracking.run_log import METRICS_FILE, RunLog, read_metrics
 
@@ -29,15 +32,15 @@ QUIET = ["tracking.wandb.mode=disabled", "tracking.progress=false"]
 FAST = ["rl.prompts_per_step=2", "rl.samples_per_prompt=2"]
 
 
-def start(args: list[str], run_dir: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def start(args: list[str], run_dir: Path, stderr=subprocess.PIPE) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
     cmd = [sys.executable, "-m", "zkl", *QUIET, *FAST, *args, f"hydra.run.dir={run_dir}"]
     return subprocess.Popen(
         cmd,
         cwd=run_dir.parent,
         env=env,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=stderr,
         text=True,
         start_new_session=True,  # its own process group, as a terminal's Ctrl-C reaches it
     )
@@ -132,21 +135,105 @@ def test_generator_error_is_one_sentence_with_its_traceback_kept(tmp_path):
     assert not dist.is_initialized()  # the failed start cleaned up after itself
 
 
+def saved_step(run_dir: Path) -> int:
+    return torch.load(run_dir / CHECKPOINT_FILE, weights_only=True)["step"]
+
+
 @pytest.mark.parametrize("layout", ["colocated", "dedicated"])
-def test_ctrl_c_stops_with_130_and_complete_metrics(tmp_path, layout):
+def test_ctrl_c_finishes_the_step_saves_and_says_how_to_resume(tmp_path, layout):
+    """With checkpoint.every=10, Ctrl-C after a step or two still leaves a checkpoint of
+    every logged step: the step in flight finishes, is logged and saved, the run exits 130."""
     run_dir = tmp_path / "run"
     proc = start([f"+layout={layout}", "rl.steps=500"], run_dir)
     wait_for_step(proc, run_dir)
-    os.killpg(proc.pid, signal.SIGINT)
-    lines, seconds = finish(proc, time.monotonic())
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the generator gets it too
+    lines, _ = finish(proc, time.monotonic())
     assert proc.returncode == 130, lines
-    assert lines == ["zkl: interrupted; every step logged so far is complete."]
-    assert seconds < 5  # about 1.5 s on a busy 2-core machine; most of it is interpreter exit
+    logged = len(read_metrics(run_dir))
+    assert saved_step(run_dir) == logged
+    last = logged - 1
+    steps = "step 0 is" if logged == 1 else f"steps 0-{last} are"
+    assert lines == [
+        f"zkl: SIGINT: finishing step {last}, then saving and stopping (Ctrl-C again stops at "
+        "once, without it).",
+        f"zkl: stopped by SIGINT; {steps} logged and saved: resume=true "
+        f"hydra.run.dir={run_dir} continues from step {logged}.",
+    ]
     text = (run_dir / METRICS_FILE).read_text()
     assert text.endswith("\n") and all(json.loads(x) for x in text.splitlines())
     time.sleep(0.5)
     with pytest.raises(AssertionError):  # the generation process went with it
         generation_child(proc.pid, deadline_s=0.2)
+
+
+def test_ctrl_c_before_the_first_step_says_nothing_can_be_resumed(tmp_path):
+    """Ctrl-C while the generation process starts: no step, no checkpoint, said so."""
+    run_dir = tmp_path / "run"
+    proc = start(["+layout=dedicated", "layout.timeout_s=600"], run_dir)
+    generation_child(proc.pid)
+    os.killpg(proc.pid, signal.SIGINT)
+    lines, _ = finish(proc, time.monotonic())
+    assert proc.returncode == 130, lines
+    assert lines == [
+        "zkl: interrupted; no step is logged and no checkpoint.pt is saved: nothing can be resumed."
+    ]
+    time.sleep(0.5)
+    with pytest.raises(AssertionError):  # the generation process went with it
+        generation_child(proc.pid, deadline_s=0.2)
+
+
+def stalling_task(run_dir: Path, stall_at: int) -> list[str]:
+    """The overrides of the task whose reward call `stall_at` stalls (once: fault_workers)."""
+    return [
+        "task._target_=fault_workers:StallingAddTask",
+        f"+task.params.stall_at={stall_at}",
+        f"+task.params.marker={run_dir.parent / 'stalled'}",
+    ]
+
+
+def stall_then(run_dir: Path, args: list[str], stall_at: int) -> tuple[subprocess.Popen, Path]:
+    """A run of the stalling task, once it stalls; its stderr goes to a file, read meanwhile."""
+    marker, err = run_dir.parent / "stalled", run_dir.parent / "stderr.txt"
+    with open(err, "w") as stderr:
+        proc = start([*stalling_task(run_dir, stall_at), *args], run_dir, stderr=stderr)
+    end = time.monotonic() + 180
+    while not marker.exists():
+        assert proc.poll() is None and time.monotonic() < end, err.read_text()[-2000:]
+        time.sleep(0.05)
+    return proc, err
+
+
+def ctrl_c_twice(proc: subprocess.Popen, err: Path) -> list[str]:
+    """Ctrl-C, then once its line is out (the first is handled), Ctrl-C again."""
+    os.killpg(proc.pid, signal.SIGINT)
+    end = time.monotonic() + 60
+    while "zkl: SIGINT: finishing step" not in err.read_text():
+        assert proc.poll() is None and time.monotonic() < end, err.read_text()[-2000:]
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.communicate(timeout=60)
+    return [x for x in err.read_text().splitlines() if x.strip()]
+
+
+@pytest.mark.parametrize("layout", ["colocated", "dedicated"])
+def test_ctrl_c_twice_abandons_the_step_in_flight_and_says_nothing_can_be_resumed(tmp_path, layout):
+    """The second Ctrl-C stops at once; step 1 (stalled in its reward) is abandoned: neither its
+    row nor its token records are written. No checkpoint yet (every=10): the line says so."""
+    run_dir = tmp_path / "run"
+    proc, err = stall_then(run_dir, [f"+layout={layout}", "rl.steps=500"], stall_at=4)
+    lines = ctrl_c_twice(proc, err)
+    assert proc.returncode == 130, lines
+    assert lines == [
+        "zkl: SIGINT: finishing step 1, then saving and stopping (Ctrl-C again stops at once, "
+        "without it).",
+        "zkl: interrupted; step 1 is abandoned; step 0 is logged but no checkpoint.pt is saved "
+        "(checkpoint.every=10): nothing can be resumed, and resume=true "
+        f"hydra.run.dir={run_dir} starts again from step 0.",
+    ]
+    assert [r["step"] for r in read_metrics(run_dir)] == [0]
+    tokens = (run_dir / "tokens.jsonl").read_text().splitlines()
+    assert {json.loads(x)["step"] for x in tokens} == {0}
+    assert not (run_dir / CHECKPOINT_FILE).exists()
 
 
 def test_a_full_disk_mid_run_is_one_sentence(tmp_path):

@@ -61,6 +61,7 @@ IGNORED = [  # category 3: each could run as if it had not been given
     (["tracking.dump_tokens='99999999999999999999'"], "tracking.dump_tokens"),
     (["layout.timeout_s=0"], "layout.timeout_s"),
     (["layout.timeout_s=1e12"], "layout.timeout_s"),
+    (["rl.warn_untrained_after=-1"], "rl.warn_untrained_after"),  # would never warn
 ]
 SIZES = [  # category 4: each would hang or end in an allocator traceback
     (["rl.prompts_per_step=100000000"], "rl.prompts_per_step"),

@@ -1,4 +1,6 @@
-"""Checkpoint and resume: a resumed run's metrics.jsonl equals an uninterrupted run's, bitwise."""
+"""Checkpoint and resume: a resumed run's metrics.jsonl equals an uninterrupted run's, bitwise,
+whether it stopped on a signal (Ctrl-C, SIGTERM, SIGKILL; a second Ctrl-C mid-step) or ended,
+and whether `resume=true` names the run's folder or finds the latest run of its config."""
 
 from __future__ import annotations
 
@@ -56,11 +58,14 @@ def test_resume_by_hand_equals_uninterrupted(reference, tmp_path):
     assert final["step"] == STEPS and final["policy"]["version"] == STEPS
 
 
-def _start(run_dir: Path, *overrides: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "zkl", f"hydra.run.dir={run_dir}", "tracking.progress=false"]
-    cmd += ["tracking.wandb.mode=disabled", *TINY, *overrides]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+def _start(run_dir: Path | None, *overrides: str, cwd: Path | None = None) -> subprocess.Popen:
+    """`python -m zkl` into `run_dir` (None: Hydra's own fresh folder under `cwd`)."""
+    cmd = [sys.executable, "-m", "zkl", "tracking.progress=false", "tracking.wandb.mode=disabled"]
+    cmd += [*TINY, *overrides] + ([f"hydra.run.dir={run_dir}"] if run_dir else [])
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
+    return subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _wait_for_rows(run_dir: Path, count: int, proc: subprocess.Popen) -> None:
@@ -73,18 +78,20 @@ def _wait_for_rows(run_dir: Path, count: int, proc: subprocess.Popen) -> None:
     raise AssertionError(f"{metrics} never reached {count} rows")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_killed_run_resumes_without_losing_or_repeating_a_step(sig, reference, tmp_path):
-    """SIGTERM: the step finishes, is saved, the run exits. SIGKILL: back to the last save."""
+    """Ctrl-C, SIGTERM: the step finishes, is saved, the run exits. SIGKILL: back to the last
+    save."""
     proc = _start(tmp_path, f"rl.steps={STEPS}", "checkpoint.every=2")
     _wait_for_rows(tmp_path, 3, proc)  # step 2 began: the save after step 1 is on disk
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == (128 + sig if sig == signal.SIGTERM else -sig), err
+    assert proc.returncode == (128 + sig if sig != signal.SIGKILL else -sig), err
     logged = len((tmp_path / "metrics.jsonl").read_text().splitlines())
     saved = torch.load(tmp_path / CHECKPOINT_FILE, weights_only=True)["step"]
-    if sig == signal.SIGTERM:
+    if sig != signal.SIGKILL:
         assert saved == logged < STEPS  # saved at the end of the step it was in
+        assert f"zkl: stopped by {sig.name}; steps 0-{logged - 1} are logged and saved" in err
     else:
         assert saved % 2 == 0 and saved <= logged
     again = _start(tmp_path, f"rl.steps={STEPS}", "resume=true")
@@ -92,6 +99,60 @@ def test_killed_run_resumes_without_losing_or_repeating_a_step(sig, reference, t
     assert again.returncode == 0, err
     assert f"resuming {tmp_path} from step {saved}" in err
     assert_same_run(tmp_path, reference)
+
+
+def test_ctrl_c_twice_mid_step_resumes_from_the_last_save(reference, tmp_path):
+    """The second Ctrl-C abandons step 2 (stalled in its reward): nothing of it is logged or
+    saved; the resumed run redoes it and equals the uninterrupted one bitwise."""
+    from test_faults import ctrl_c_twice, stall_then, stalling_task
+
+    run_dir = tmp_path / "run"
+    args = [*TINY, f"rl.steps={STEPS}", "checkpoint.every=1"]
+    proc, err = stall_then(run_dir, args, stall_at=8)  # the first reward of step 2
+    lines = ctrl_c_twice(proc, err)
+    assert proc.returncode == 130, lines
+    assert lines[-1] == (
+        f"zkl: interrupted; step 2 is abandoned; steps 0-1 are logged and saved: resume=true "
+        f"hydra.run.dir={run_dir} continues from step 2."
+    )
+    assert torch.load(run_dir / CHECKPOINT_FILE, weights_only=True)["step"] == 2
+    again = _start(run_dir, f"rl.steps={STEPS}", "resume=true", *stalling_task(run_dir, 8))
+    _, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err
+    assert_same_run(run_dir, reference)
+
+
+def _run_folders(root: Path) -> list[Path]:
+    return sorted(p for p in (root / "outputs").glob("*/*") if p.is_dir())
+
+
+def test_resume_without_a_run_dir_continues_the_latest_run_of_the_config(reference, tmp_path):
+    """As W&B's resume="auto": `resume=true` alone continues the latest run of the same config
+    (rl.steps may differ) in its own folder, bitwise; another config is refused in one sentence
+    naming the folders, before Hydra makes one."""
+    first = _start(None, "rl.steps=3", "checkpoint.every=2", cwd=tmp_path)
+    assert first.wait(timeout=300) == 0, first.stderr.read()
+    other = _start(None, "rl.steps=1", "rl.lr=0.02", cwd=tmp_path)  # a later run, another config
+    assert other.wait(timeout=300) == 0, other.stderr.read()
+    mine, theirs = _run_folders(tmp_path)
+    again = _start(None, f"rl.steps={STEPS}", "resume=true", cwd=tmp_path)
+    _, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err
+    relative = mine.relative_to(tmp_path)
+    assert f"zkl: resume=true continues {relative}, the latest run of this config." in err
+    assert f"resuming {mine} from step 3" in err
+    assert _run_folders(tmp_path) == [mine, theirs]  # no new folder
+    assert_same_run(mine, reference)
+    refused = _start(None, "resume=true", "rl.lr=0.5", cwd=tmp_path)
+    _, err = refused.communicate(timeout=120)
+    assert refused.returncode == 2
+    assert err.splitlines() == [
+        "zkl: resume=true found no run of this config to continue among the 2 folders matching "
+        f"outputs/*/* ({relative}: another config (rl.lr was 0.01, now 0.5); "
+        f"{theirs.relative_to(tmp_path)}: another config (rl.lr was 0.02, now 0.5)); pass "
+        "hydra.run.dir=DIR of the run to continue, or drop resume=true to start afresh."
+    ]
+    assert _run_folders(tmp_path) == [mine, theirs]
 
 
 def test_run_into_used_directory_refuses(tmp_path):

@@ -54,7 +54,11 @@ def edit_lines(path: Path, edit) -> None:
         (lambda ls: ls[:2] + ['{"step": "1"}\n'] + ls[2:], "dropped line 3 (not a row)"),
         (lambda ls: ls[:2] + ls[1:], "dropped 1 repeated row"),
         (lambda ls: [*ls, ls[0]], "dropped 1 repeated row"),
-        (lambda ls: [*ls, '{"step": 7}\n'], "dropped 1 row of step 3 or later"),
+        (
+            lambda ls: [*ls, '{"step": 7}\n'],
+            "dropped 1 row of step 7, logged after the checkpoint.pt of step 3: the run "
+            "continues from step 3",
+        ),
         (lambda ls: [*ls, '{"step": 3, "x'], "dropped a torn last line"),
     ],
 )
@@ -109,6 +113,28 @@ def test_token_records_of_a_step_without_its_row_are_dropped(copy, reference):
     edit_lines(copy / TOKENS_FILE, lambda ls: ls + extra)
     run(make_cfg("rl.steps=4", "resume=true", *TINY), copy)
     assert_same_run(copy, reference)
+
+
+@pytest.mark.parametrize(
+    "steps, next_step, said",
+    [
+        (
+            [0, 1, 2, 3, 4],
+            3,
+            "2 rows of steps 3-4, logged after the checkpoint.pt of step 3: the run continues "
+            "from step 3",
+        ),
+        ([0, 1], 0, "2 rows of steps 0-1: no checkpoint.pt holds them, so the run starts again"),
+        ([0, 2, 5, 7], 1, "3 rows of steps 2, 5, 7, logged after the checkpoint.pt of step 1"),
+    ],
+)
+def test_rows_after_the_checkpoint_are_named_by_step(tmp_path, steps, next_step, said):
+    """Not `dropped 2 row of step 0 or laters`: how many, which steps, and why."""
+    (tmp_path / METRICS_FILE).write_text("".join(f'{{"step": {s}}}\n' for s in steps))
+    scan = resume_logs.scan_jsonl(tmp_path / METRICS_FILE, next_step, one_per_step=True)
+    assert scan.changed and scan.notes == [scan.notes[0]] and scan.notes[0].startswith(said)
+    records = resume_logs.scan_jsonl(tmp_path / METRICS_FILE, next_step, one_per_step=False)
+    assert records.notes[0].startswith(said.replace("rows", "records"))
 
 
 def test_a_failed_row_write_cuts_back_the_step_s_token_records(tmp_path, monkeypatch):

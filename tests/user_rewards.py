@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from zkl.data.dataset import DatasetTask
+from zkl.data.tasks import AddTask
 
 
 def digit_share(prompt: str, response: str, answer: str) -> float:
@@ -46,3 +47,15 @@ class ShapedMathTask(DatasetTask):
         if super().reward(problem, response) == 1.0:
             return 1.0
         return 0.5 * sum(t % 3 == 0 for t in response) / max(len(response), 1)
+
+
+class NoCreditTask(AddTask):
+    """The add task rewarding every response 0.0, as a reward whose answer format the model
+    never writes (GSM8K's `#### N` from a small model): every group's rewards are equal, so
+    every advantage is zero and no step trains."""
+
+    def __init__(self, cfg, vocab_size: int):
+        super().__init__(cfg.max_operand)
+
+    def reward(self, problem, response: list[int]) -> float:
+        return 0.0

@@ -4,9 +4,12 @@ Exit 2: the config cannot work (`ConfigError`), found before any work, or a run 
 that cannot be written. A Hydra job that stops with a sentence (`job`) also leaves it in its
 run directory's `error.txt`, for the report; a command line refused before Hydra starts
 leaves no directory at all. Exit 1: the run started and a fault stopped it (`RunFault`: the
-generation process died, the disk filled). Exit 130: Ctrl-C; every step logged so far is
-complete. The Hydra callback `RunDirCheck` (conf/config.yaml) tests the run directory
-before Hydra writes into it, so an unwritable one is a sentence, not Hydra's traceback.
+generation process died, the disk filled). Exit 130: Ctrl-C, with what is logged and what can
+be resumed; inside a run's steps Ctrl-C (as SIGTERM) first finishes the step and saves, a
+second one stops at once (zkl/state/checkpoint.py). The Hydra callback `RunDirCheck`
+(conf/config.yaml) tests the run directory before Hydra writes into it, so an unwritable one
+is a sentence, not Hydra's traceback, and points `resume=true` without a folder of its own at
+the latest run of the same config (zkl/state/latest_run.py).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from zkl.help import help_text
 from zkl.run import overrides
 from zkl.run.register import register
 from zkl.run.schema import ZklConfig
+from zkl.state import latest_run
 from zkl.state.requeue import submission_note
 from zkl.tracking.errors import clear_error, record_error
 
@@ -129,8 +133,8 @@ def guarded(prog: str, body: Callable[[], int | None]) -> None:
         _fail(prog, str(err), 2)
     except RunFault as err:
         _fail(prog, str(err), 1)
-    except KeyboardInterrupt:
-        say(f"{prog}: interrupted; every step logged so far is complete.")
+    except KeyboardInterrupt as err:  # a run's loop says where it stands (zkl/state/checkpoint.py)
+        say(f"{prog}: interrupted; {err or 'every step logged so far is complete'}.")
         sys.exit(130)
     else:
         if code:
@@ -187,8 +191,28 @@ def run_dir_problem(directory: str) -> str | None:
     return problem
 
 
+def resume_latest(config: Any) -> None:
+    """`resume=true` with a `hydra.run.dir` pattern (a fresh folder a run): point the run at the
+    latest run of the same config (zkl/state/latest_run.py), or refuse in one sentence."""
+    if not config.get("resume"):
+        return
+    pattern = OmegaConf.to_container(config.hydra.run)["dir"]  # uninterpolated
+    if latest_run.folder_glob(str(pattern)) is None:  # a folder named: resumed as it is
+        return
+    job_config = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
+    try:
+        found = latest_run.latest_run(str(pattern), job_config)
+    except ConfigError as err:
+        say(f"zkl: {err}")
+        sys.exit(2)
+    say(f"zkl: resume=true continues {found}, the latest run of this config.")
+    with read_write(config):
+        config.hydra.run.dir = str(found)
+
+
 class RunDirCheck(Callback):
-    """Refuse an unwritable `hydra.run.dir` (or `hydra.sweep.dir`) before Hydra writes in it."""
+    """Refuse an unwritable `hydra.run.dir` (or `hydra.sweep.dir`) before Hydra writes in it;
+    `resume=true` without a folder of its own finds the run to continue first."""
 
     def _check(self, directory: str, key: str) -> None:
         problem = run_dir_problem(directory)
@@ -197,6 +221,7 @@ class RunDirCheck(Callback):
             sys.exit(2)
 
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        resume_latest(config)
         self._check(str(config.hydra.run.dir), "hydra.run.dir")
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:

@@ -119,7 +119,9 @@ def _rank_main(
     except RunFault as err:
         say(f"{prefix}: {err}")
         sys.exit(1)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:  # a second Ctrl-C: rank 0 says where the run stands
+        if str(err) and env["RANK"] == "0":
+            say(f"zkl: interrupted; {err}.")
         sys.exit(130)
 
 
@@ -128,9 +130,10 @@ def spawn(run: RunFn, cfg: Any, run_dir: str | Path, progress: bool | None) -> l
     loop passes itself: a module-level function, so each spawned process imports it by
     name); return rank 0's metric rows.
 
-    SIGTERM and the preemption signal are passed on to every rank (they stop together at a
-    step boundary and save). When a rank fails, the others report it and stop by themselves
-    (their heartbeat); any still running after `trainer.heartbeat_s` + 10 s are killed.
+    SIGTERM and the preemption signal are passed on to every rank, Ctrl-C as SIGTERM (they
+    stop together at a step boundary and save). When a rank fails, the others report it and
+    stop by themselves (their heartbeat); any still running after `trainer.heartbeat_s` + 10 s
+    are killed.
     """
     size = cfg.trainer.world_size
     common = {
@@ -147,12 +150,15 @@ def spawn(run: RunFn, cfg: Any, run_dir: str | Path, progress: bool | None) -> l
     forwarded: dict[int, Any] = {}
 
     def forward(signum: int, frame: Any) -> None:
+        # Ctrl-C reaches the ranks from the terminal as well: passed on as SIGTERM, so that
+        # only the terminal's second Ctrl-C is a rank's second
+        sent = signal.SIGTERM if signum == signal.SIGINT else signum
         for p in procs:
             if p.is_alive():
-                os.kill(p.pid, signum)
+                os.kill(p.pid, sent)
 
     if threading.current_thread() is threading.main_thread():
-        for sig in {signal.SIGTERM, preempt_signal()}:
+        for sig in {signal.SIGINT, signal.SIGTERM, preempt_signal()}:
             forwarded[sig] = signal.signal(sig, forward)
     try:
         for p in procs:
@@ -170,7 +176,7 @@ def spawn(run: RunFn, cfg: Any, run_dir: str | Path, progress: bool | None) -> l
     rank, code = failed
     if code < 0:
         raise RunFault(f"rank {rank} of {size} was killed by signal {signal.Signals(-code).name}")
-    if code > 128 and all(p.exitcode == code for p in procs):
+    if code > 128 and all((p.exitcode or 0) > 128 for p in procs):
         raise SystemExit(code)  # stopped by a signal at a step boundary, state saved
     if code == 2:
         raise ConfigError(f"rank {rank} of {size} refused the run (its sentence is above).")

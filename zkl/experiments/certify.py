@@ -4,7 +4,6 @@ each exactly zero and each trained (the module docstring of `zkl.experiments.cer
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import random
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from zkl.generation.engine import Request
 from zkl.layouts import build_generator
 from zkl.rl import loop
 from zkl.rl.metrics import mismatch_metrics
+from zkl.rl.trained import untrained_steps
 from zkl.run.validate import validate
 from zkl.trainer.build import build_policy
 from zkl.trainer.scoring import score
@@ -88,29 +88,6 @@ def certify_step0(cfg: CertRunConfig) -> dict[str, Any]:
     metrics["tokens"] = int(sum(t.numel() for t in lp_gen))
     metrics.update(steps=1, update_norm=None, weight_version=0, reasons=[])
     return metrics
-
-
-def untrained_steps(rows: list[dict[str, Any]]) -> list[str]:
-    """Why steps of a multi-step run certified no refit of new weights (empty: none)."""
-    reasons = []
-    for row, following in itertools.zip_longest(rows, rows[1:]):
-        step = row["step"]
-        if row["rl/zero_adv_frac"] == 1.0:
-            reasons.append(
-                f"every advantage of step {step} was zero (equal rewards in each group), "
-                "so it trained nothing"
-            )
-        elif row["weights/changed_tensors"] == 0:
-            reasons.append(
-                f"the update of step {step} (norm {row['optim/update_norm']:.3g}) changed none "
-                "of the weights the generator gets, e.g. a learning rate below their resolution"
-            )
-        if following is not None and following["gen/weight_version"] != row["weights/version"]:
-            reasons.append(
-                f"step {following['step']} rolled out with weight version "
-                f"{following['gen/weight_version']}, not the refitted {row['weights/version']}"
-            )
-    return reasons
 
 
 def certify_steps(cfg: CertRunConfig, run_dir: Path) -> dict[str, Any]:

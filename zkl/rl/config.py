@@ -47,6 +47,9 @@ class RLConfig:
     # MoE: record the generator's routes and log how many the trainer's router changes,
     # without replaying them (the baseline of routing_replay)
     record_routes: bool = False
+    # warn (one stderr line) when this many steps in a row trained nothing: every advantage
+    # zero, or no weight the generator gets changed (zkl/rl/trained.py); 0: never
+    warn_untrained_after: int = 3
 
     @property
     def records_routes(self) -> bool:
@@ -62,6 +65,10 @@ def check(rl: RLConfig) -> None:
         raise ConfigError(f"rl.score_micro_batch={rl.score_micro_batch} must be >= 0.")
     if rl.clip_eps <= 0 or rl.grad_clip <= 0 or rl.kl_coef < 0:
         raise ConfigError("rl.clip_eps and rl.grad_clip must be positive and rl.kl_coef >= 0.")
+    if rl.warn_untrained_after < 0:
+        raise ConfigError(
+            f"rl.warn_untrained_after={rl.warn_untrained_after} must be >= 0 (0: never warn)."
+        )
     if rl.val_every < 0 or rl.val_prompts < 0:
         raise ConfigError("rl.val_every and rl.val_prompts must be >= 0 (0: off / all).")
     if rl.weight_decay < 0:

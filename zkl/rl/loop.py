@@ -26,6 +26,7 @@ from zkl.layouts import build_generator
 from zkl.rl.evaluate import val_due, validate_policy
 from zkl.rl.grpo import group_advantages
 from zkl.rl.metrics import mismatch_metrics
+from zkl.rl.trained import warn_untrained
 from zkl.run.schema import ZklConfig
 from zkl.run.validate import validate
 from zkl.state import checkpoint, run_lock
@@ -142,12 +143,20 @@ def _run(cfg: ZklConfig, task, run_dir, progress: bool | None, world) -> list[di
             show = (cfg.tracking.progress if progress is None else progress) and world.is_main
             steps = range(resume.step, cfg.rl.steps)
             bar = tqdm(steps, "grpo", cfg.rl.steps, disable=not show, initial=resume.step)
-            with bar, checkpoint.Saver(cfg, run_dir, policy, log) as saver:
+            with bar, checkpoint.Saver(cfg, run_dir, policy, log, resume.step) as saver:
                 for step in bar:  # `with bar`: an interrupt leaves the bar's line finished
+                    saver.before_step()
                     val = validate_step(cfg, task, generator, step)
                     row = train_step(cfg, task, policy, generator, step, log, val)
                     rows.append(row)
+                    if world.is_main:
+                        warn_untrained(rows, cfg.rl.warn_untrained_after, cfg.rl.lr)
                     saver.after_step(step)
+    except KeyboardInterrupt as err:  # the Saver's says where the steps stand; before them:
+        if str(err):
+            raise
+        where = checkpoint.standing(cfg, run_dir, resume.step, resume.step)
+        raise KeyboardInterrupt(where) from None  # the run stands where it started
     finally:
         if generator is not None:
             generator.close()

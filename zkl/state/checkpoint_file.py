@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from zkl.errors import ConfigError, RunFault
+from zkl.state.config import CHECKPOINT_FILE  # noqa: F401 (the name its readers import here)
 
-CHECKPOINT_FILE = "checkpoint.pt"  # in the run directory: where the run stands
 FORMAT = 2  # 2: with `digest`
 DIGEST_KEY = "digest"
 # field -> its type(s); `int` fields refuse bools

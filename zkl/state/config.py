@@ -6,6 +6,10 @@ from dataclasses import dataclass
 
 from zkl.errors import ConfigError
 
+# In the run directory: where the run stands (zkl/state/checkpoint_file.py writes it). Named
+# here, in the part's torch-free leaf, for the readers that run before torch loads.
+CHECKPOINT_FILE = "checkpoint.pt"
+
 
 @dataclass
 class CheckpointConfig:

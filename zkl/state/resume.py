@@ -27,13 +27,11 @@ from zkl.memory import param_count
 from zkl.state import checkpoint_file
 from zkl.state.checkpoint_file import CHECKPOINT_FILE
 from zkl.state.resume_logs import trim_logs
-from zkl.tracking.run_log import METRICS_FILE, flatten
+from zkl.state.same_config import first_difference
+from zkl.tracking.run_log import METRICS_FILE
 
 if TYPE_CHECKING:  # the schema composes the parts; a part names it only in annotations
     from zkl.run.schema import ZklConfig
-
-# Keys a resumed run may change: none of them changes a logged number.
-MAY_CHANGE = ("resume", "rl.steps", "checkpoint.", "tracking.progress", "tracking.wandb.")
 
 
 def config_dict(cfg: ZklConfig) -> dict[str, Any]:
@@ -41,13 +39,11 @@ def config_dict(cfg: ZklConfig) -> dict[str, Any]:
 
 
 def _check_same_config(cfg: ZklConfig, saved: dict[str, Any]) -> None:
-    now, then = flatten(config_dict(cfg)), flatten(saved)
-    for key in sorted(set(now) | set(then)):
-        if key.startswith(MAY_CHANGE) or now.get(key) == then.get(key):
-            continue
+    difference = first_difference(config_dict(cfg), saved)
+    if difference is not None:
+        key, then, now = difference
         raise ConfigError(
-            f"resuming needs the config the run started with: {key} was {then.get(key)!r}, "
-            f"now {now.get(key)!r}."
+            f"resuming needs the config the run started with: {key} was {then!r}, now {now!r}."
         )
 
 

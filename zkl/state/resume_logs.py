@@ -50,14 +50,15 @@ def scan_jsonl(path: Path, next_step: int, one_per_step: bool) -> LogScan:
     kept: list[tuple[int, str]] = []
     seen: dict[int, tuple[int, str]] = {}
     lines_seen: set[str] = set()
-    repeats = later = 0
+    repeats = 0
+    later: list[int] = []  # the steps of the rows from `next_step` on
     damaged: list[int] = []
     for line in read.lines:
         step = _step_of(line)
         if step is None:
             damaged.append(line.number)
         elif step >= next_step:
-            later += 1
+            later.append(step)
         elif line.text in lines_seen:
             repeats += 1
         elif one_per_step and step in seen:
@@ -70,18 +71,37 @@ def scan_jsonl(path: Path, next_step: int, one_per_step: bool) -> LogScan:
             lines_seen.add(line.text)
             seen[step] = (line.number, line.text)
             kept.append((step, line.text + "\n"))
-    blank = read.blank
-    counts = [
-        (blank, "blank line"),
-        (repeats, "repeated row"),
-        (later, f"row of step {next_step} or later"),
-    ]
+    counts = [(read.blank, "blank line"), (repeats, "repeated row")]
     notes = [f"{n} {what}{'s' if n > 1 else ''}" for n, what in counts if n]
+    if later:
+        notes.append(_after_checkpoint(later, next_step, "row" if one_per_step else "record"))
     if damaged:
         notes.append(f"line{'s' if len(damaged) > 1 else ''} {_numbers(damaged)} (not a row)")
     if read.torn is not None:  # dropped even when whole: the next writer would append to it
         notes.append("a torn last line")
     return LogScan(path, kept, bool(notes), notes, damaged)
+
+
+def _steps_text(steps: list[int]) -> str:
+    """`step 3`, `steps 3-5` or `steps 3, 5, 7` (sorted, each once)."""
+    steps = sorted(set(steps))
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    if steps == list(range(steps[0], steps[-1] + 1)):
+        return f"steps {steps[0]}-{steps[-1]}"
+    return f"steps {_numbers(steps)}"
+
+
+def _after_checkpoint(steps: list[int], next_step: int, noun: str) -> str:
+    """What a resume drops of the steps at or after its checkpoint's, and why."""
+    what = f"{len(steps)} {noun}{'s' if len(steps) > 1 else ''} of {_steps_text(steps)}"
+    if next_step == 0:
+        held = "them" if len(steps) > 1 else "it"
+        return f"{what}: no {CHECKPOINT_FILE} holds {held}, so the run starts again from step 0"
+    return (
+        f"{what}, logged after the {CHECKPOINT_FILE} of step {next_step}: the run continues "
+        f"from step {next_step}"
+    )
 
 
 def _numbers(numbers: list[int]) -> str:

@@ -85,6 +85,28 @@ def test_prefix_cache_hits_and_changes_nothing():
         assert a.tokens == b.tokens and torch.equal(a.logprobs, b.logprobs)
 
 
+def test_a_prefix_hit_beside_a_longer_prompt_stays_inside_the_cache():
+    """A prefill batch of a prefix hit (a 1-token remainder from position 32) and a fresh
+    prompt of 35 pads the hit's row up to position 66, past the 39 positions the cache
+    holds: the pads stay inside it, and the results are recompute mode's."""
+    model = _model()
+    g = torch.Generator().manual_seed(3)
+    shared, other = (torch.randint(2, 60, (n,), generator=g).tolist() for n in (33, 35))
+    requests = [
+        Request(i, p, SamplingParams(max_new_tokens=4, seed=i))
+        for i, p in enumerate([shared, shared, other])
+    ]
+    with invariance.enabled(ALL):
+        engine = GenerationEngine(model, eos_id=None, max_batch_size=3, kv_mode="persist")
+        engine.generate(requests[:1])
+        persist = engine.generate(requests[1:])
+        assert engine.stats.prefix_hit_tokens == 32 and engine.stats.ragged_prefills == 1
+        fresh = GenerationEngine(model, eos_id=None, max_batch_size=3, kv_mode="recompute")
+        recompute = fresh.generate(requests[1:])
+    for a, b in zip(persist, recompute):
+        assert a.tokens == b.tokens and torch.equal(a.logprobs, b.logprobs)
+
+
 def test_logprob_path_fix():
     """Off: logits / T in the model dtype; on: the trainer's fp32 raw log-softmax."""
     model = _model()

@@ -94,9 +94,14 @@ def _prefill_group(
     slots = torch.tensor([a.slot for a in group], device=device)
     last = [n - 1 for n in lengths]  # index of each row's last prompt token
     edges = sorted(set(range(0, width, chunk or width)) | {width} | set(cuts) - {0})
+    # A row that resumed from the prefix cache is padded up to the longest remainder, which
+    # can run past the cache's end; its pads stay at its last slot. No query reads a pad's
+    # key: a position's key is written before any query at that position runs.
+    end = cache.max_len - 1
     final_logits, snapshots = None, {}
     for lo, hi in zip(edges, edges[1:]):
-        positions = (torch.tensor(starts).unsqueeze(1) + torch.arange(lo, hi)).to(device)
+        positions = (torch.tensor(starts).unsqueeze(1) + torch.arange(lo, hi)).clamp(max=end)
+        positions = positions.to(device)
         index = torch.tensor([min(max(n - lo, 0), hi - lo - 1) for n in last], device=device)
         logits = model(tokens[:, lo:hi], positions, cache, slots, logit_index=index)  # [B, V]
         routes.store(cache.routes, slots, positions)

@@ -21,15 +21,18 @@ from zkl.models.config import ModelConfig
 from zkl.models.moe import combine, group_by_expert, grouped_bias, run_experts, top_k_softmax_route
 from zkl.models.transformer import Linear
 from zkl.models.yarn import YarnRotaryEmbedding
+from zkl.ops import activations
 from zkl.precision import quantizes
 
 
 def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float):
     """gpt-oss's activation: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), with
-    g = min(gate, limit); elementwise in the activation dtype, the same on every path."""
+    g = min(gate, limit); elementwise in the activation dtype, the same on every path. The
+    sigmoid is `zkl.ops.activations`' (torch's CPU kernel rounds an element by its place in
+    the tensor, so a decode step's rows would leave scoring's bits)."""
     gate = gate.clamp(max=limit)
     up = up.clamp(min=-limit, max=limit)
-    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+    return (up + 1) * (gate * activations.sigmoid(gate * alpha))
 
 
 class Expert(nn.Module):

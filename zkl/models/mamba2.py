@@ -27,27 +27,8 @@ from zkl.invariance import is_enabled
 from zkl.models.config import ModelConfig
 from zkl.models.transformer import Linear
 from zkl.ops import ssd
+from zkl.ops.activations import silu, softplus
 from zkl.ops.invariant import ordered_sum
-
-
-def sigmoid(x: torch.Tensor) -> torch.Tensor:
-    """1 / (1 + exp(-x)) from exp and correctly rounded arithmetic.
-
-    On this CPU torch's own sigmoid / silu / softplus / log1p give other bits for the
-    few elements of a short tensor (the scalar tail of the vector loop) than for the same
-    values in a long one, so a decode step (H elements) would disagree with the train
-    path (T x H); exp and log were measured invariant.
-    """
-    return 1.0 / (1.0 + torch.exp(-x))
-
-
-def silu(x: torch.Tensor) -> torch.Tensor:
-    return x * sigmoid(x)
-
-
-def softplus(x: torch.Tensor) -> torch.Tensor:
-    """log(1 + exp(x)), linear above 20 as torch's."""
-    return torch.where(x > 20.0, x, torch.log(1.0 + torch.exp(torch.clamp(x, max=20.0))))
 
 
 def _cumulative(a: torch.Tensor) -> torch.Tensor:

@@ -17,8 +17,9 @@ from zkl.generation.mamba_cache import HybridCache
 from zkl.invariance import is_enabled
 from zkl.models.causal_lm import CausalLM
 from zkl.models.config import ModelConfig
-from zkl.models.mamba2 import Mamba2Mixer, sigmoid
+from zkl.models.mamba2 import Mamba2Mixer
 from zkl.models.transformer import Attention, Linear, RMSNorm, SparseMoE, init_weights
+from zkl.ops.activations import sigmoid
 
 
 class ReluSquaredMLP(nn.Module):

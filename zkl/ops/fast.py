@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from zkl import rng
+from zkl.ops import activations
 from zkl.ops.invariant import grouped_by_host_loop
 from zkl.switch import Switch
 
@@ -111,7 +112,9 @@ def write_kv(cache_k, cache_v, slots, positions, k: torch.Tensor, v: torch.Tenso
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return F.silu(gate) * up
+    """silu(gate) * up: the CPU's one form (both cells), with `zkl.ops.activations`' silu,
+    since torch's CPU silu rounds an element by its place in the tensor."""
+    return activations.silu(gate) * up
 
 
 def commit_samples(

@@ -99,13 +99,17 @@ def test_ragged_prefill_rows_and_a_batch_of_decodes_follow_no_other_row():
     width = 600
     pos = starts[:, None] + torch.arange(width, device=DEV)
     chunk_q = torch.stack([q[r, :, s : s + width] for r, s in enumerate(starts.tolist())])
-    part = cuda.attention(chunk_q, cache_k, cache_v, pos, rows[:4])
-    for r, s in enumerate(starts.tolist()):
-        whole = cuda.attention(
-            q[r : r + 1], k[r : r + 1], v[r : r + 1], torch.arange(seq, device=DEV)[None]
-        )
-        real = min(width, seq - s)
-        assert torch.equal(part[r, :, :real], whole[0, :, s : s + real]), r
+    # the engine's padded rows: a row that reaches the cache's end repeats its last position
+    clamped = pos.clamp(max=8300)
+    for positions in (pos, clamped):
+        part = cuda.attention(chunk_q, cache_k, cache_v, positions, rows[:4])
+        for r, s in enumerate(starts.tolist()):
+            whole = cuda.attention(
+                q[r : r + 1], k[r : r + 1], v[r : r + 1], torch.arange(seq, device=DEV)[None]
+            )
+            real = min(width, 8301 - s) if positions is clamped else width
+            assert torch.equal(part[r, :, :real], whole[0, :, s : s + real]), r
+            assert bool(part[r, :, real:].isfinite().all())
 
 
 @pytest.mark.parametrize("window, sinks", [(0, None), (64, SINKS)])

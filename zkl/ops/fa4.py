@@ -13,10 +13,12 @@ Calls map onto flash-attn-4 as follows (zkl: q [B, H, Tq, D], k/v [R, Hkv, Tk, D
 position j; flash-attn-4: [B, T, H, D] views, no copy):
 - the train path and scoring (no `kv_rows`; positions 0..T-1; the keys are the queries'
   own): `flash_attn_func`, causal, with its deterministic backward;
-- the engine (`kv_rows`, the cache slot of each batch row; positions of a row contiguous):
-  `flash_attn_varlen_func` over the whole cache, one page a slot (`page_table` = the slots),
-  `seqused_k` = each row's last position + 1, so query i of a row of Tq sees the keys up to
-  its own position (flash-attn-4 aligns the queries to the end of the used keys).
+- the engine (`kv_rows`, the cache slot of each batch row): `flash_attn_varlen_func` over
+  the whole cache, one page a slot (`page_table` = the slots). A row's queries count while
+  their positions follow its first one by one (`seqused_q`; a padded prefill row may repeat
+  the cache's last position for its pads), and `seqused_k` = the first position + that
+  count, so query i sees the keys up to its own position (flash-attn-4 aligns the used
+  queries to the end of the used keys). The pads after them get zeros.
 A window W (keys p-W+1..p) is `window_size=(W - 1, 0)`; sinks are `learnable_sink`.
 """
 
@@ -63,7 +65,8 @@ def attention(
 
     Without `kv_rows` the keys are the queries' own at positions 0..T-1 (the train path and
     scoring); with them, `k`/`v` are the cache [S, Hkv, L, D] and batch row b reads slot
-    `kv_rows[b]`, its queries at the contiguous positions `q_pos[b]`.
+    `kv_rows[b]`, its queries at positions `q_pos[b]` that follow its first one by one (a
+    padded row's pads after them may repeat a position: their outputs are zeros).
     """
     fa4 = _module()
     common = {
@@ -81,17 +84,23 @@ def attention(
         )
         return _out(out).transpose(1, 2)
     pages = kv_rows.to(torch.int32).view(-1, 1)  # one page a slot: the whole row
-    used = (q_pos[:, -1] + 1).to(torch.int32)  # [B] keys 0..last position of the row
-    out = fa4.flash_attn_varlen_func(
-        qt,
-        k.transpose(1, 2),  # [S, L, Hkv, D]: S pages of L keys
-        v.transpose(1, 2),
-        seqused_k=used,
-        page_table=pages,
-        max_seqlen_q=q.shape[2],
-        **common,
+    steps = torch.arange(q.shape[2], device=q.device)
+    follows = q_pos == q_pos[:, :1] + steps  # [B, Tq]
+    run = follows.to(torch.int32).cumprod(dim=1).sum(dim=1, dtype=torch.int32)  # [B]
+    out = _out(
+        fa4.flash_attn_varlen_func(
+            qt,
+            k.transpose(1, 2),  # [S, L, Hkv, D]: S pages of L keys
+            v.transpose(1, 2),
+            seqused_q=run,
+            seqused_k=(q_pos[:, 0] + run).to(torch.int32),
+            page_table=pages,
+            **common,
+        )
     )
-    return _out(out).transpose(1, 2)
+    if q.shape[2] > 1:  # the pads' rows were not computed
+        out = out.masked_fill((steps >= run[:, None])[:, :, None, None], 0.0)
+    return out.transpose(1, 2)
 
 
 def usable(head_dim: int, dtype: torch.dtype, device: torch.device) -> bool:

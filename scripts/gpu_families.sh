@@ -2,8 +2,9 @@
 # The Llama, Mistral and gpt-oss families on one GPU: for each real shape cut (Llama and
 # Mistral to 4 layers, gpt-oss to 2: what fits an 80 GB GPU with AdamW), 10 GRPO steps in
 # zero mode with CUDA graphs on in every layout x KV mode of ARMS (every step must be exactly
-# 0; the log's last line says so), then zero vs default generation (bench's short table); last, the GPU tests named in TESTS (the families' logits against transformers
-# on the GPU, the sink and window kernels).
+# 0; the log's last line says so), then zero vs default generation (bench's short table);
+# last, the GPU tests named in TESTS (the families' logits against transformers on the GPU,
+# the sink and window kernels).
 #   OUT=/some/dir bash scripts/gpu_families.sh
 #   FAMILIES="gpt_oss" STAGES="runs" ARMS="colocated:persist dedicated:recompute" to narrow it;
 #   RUN_S, BENCH_S, TESTS_S bound each command.

@@ -2,6 +2,9 @@
 
     python scripts/probe_decode_rows.py [--batch 64] [--new 16] [OVERRIDE ...]
 
+The model is the 1.5B unless an override names one (`model=tiny_gpt_oss`, or
+`model.checkpoint=DIR` with `+precision=fp32 --device cpu`: the CPU's fp32 oracle).
+
 Generates `--batch` requests (distinct prompt lengths) in one batch and each alone, scores
 them on the train path, and prints per request where gen and train logprobs first differ.
 For the first request whose batched decode differs from its solo decode, every `zkl.ops`
@@ -153,7 +156,10 @@ def main() -> None:
     )
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    cfg = compose([f"device={args.device}", "model=qwen2_5_1_5b", *args.overrides])
+    # the 1.5B unless the overrides name a model (a group, or a checkpoint's own config)
+    named = any(o.startswith(("model=", "model.checkpoint=")) for o in args.overrides)
+    default = [] if named else ["model=qwen2_5_1_5b"]
+    cfg = compose([f"device={args.device}", *default, *args.overrides])
     fixes = invariance.resolve(cfg.zero_train_gen_mismatch, vars(cfg.fixes))
     torch.manual_seed(0)
     prompts = [

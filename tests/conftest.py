@@ -22,6 +22,11 @@ if not torch.cuda.is_available():  # the Triton kernels' logic runs on the CPU i
 # compiled, in the `gpu` tests.
 INTERPRETED = not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") == "1"
 NOT_INTERPRETED = "interpreter tests run on CPU-only machines"
+if INTERPRETED and importlib.util.find_spec("triton"):
+    # a row's dot product gets its own bits on every host CPU, as on a GPU (interpreter_dot)
+    import interpreter_dot
+
+    interpreter_dot.install()
 
 # The report's plots need plotly (a dependency); the bare GPU image that runs `-m gpu` lacks
 # it, and a module that cannot import would stop the whole collection there.

@@ -82,7 +82,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _restore_torch_threads():
-    """A run with `num_threads` sets torch's process-wide count; later tests get theirs back."""
+    """A run sets torch's process-wide thread count (zkl/threads.py); later tests get theirs
+    back."""
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)

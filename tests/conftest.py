@@ -23,6 +23,11 @@ if not torch.cuda.is_available():  # the Triton kernels' logic runs on the CPU i
 # compiled, in the `gpu` tests.
 INTERPRETED = not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") == "1"
 NOT_INTERPRETED = "interpreter tests run on CPU-only machines"
+if INTERPRETED and importlib.util.find_spec("triton"):
+    # a row's dot product gets its own bits on every host CPU, as on a GPU (interpreter_dot)
+    import interpreter_dot
+
+    interpreter_dot.install()
 
 # The report's page needs plotly (a dependency); the bare GPU image that runs `-m gpu` may
 # lack it, and a module that cannot import would stop the whole collection there
@@ -80,7 +85,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _restore_torch_threads():
-    """A run with `num_threads` sets torch's process-wide count; later tests get theirs back."""
+    """A run sets torch's process-wide thread count (zkl/threads.py); later tests get theirs
+    back."""
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)

@@ -1,12 +1,14 @@
 """The CUDA kernels' logic, run by Triton's interpreter on the CPU at tiny shapes (fp32).
 
-The interpreter computes `tl.dot` with NumPy, so bitwise claims about the GPU are not made
-here (tests/test_gpu.py makes them on the device); these check indexing, masking, the
-online softmax, strides, the KV-row indirection and the backward passes.
+The interpreter computes `tl.dot` with NumPy, one row at a time (tests/interpreter_dot.py), so
+bitwise claims about the GPU are not made here (tests/test_gpu.py makes them on the device);
+these check indexing, masking, the online softmax, strides, the KV-row indirection and the
+backward passes.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from conftest import INTERPRETED, NOT_INTERPRETED
@@ -19,6 +21,33 @@ from zkl.ops import fast  # noqa: E402
 from zkl.ops.triton import attention, gemm, rowwise  # noqa: E402
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+
+def test_interpreted_dot_gives_a_row_the_same_bits_wherever_it_sits():
+    """Row 15 of a 16-row tile, the same row at index 0 and alone: one `np.matmul` gives the
+    row alone other bits on every OpenBLAS kernel (and row 0 other bits on Haswell and Zen);
+    the interpreter's `tl.dot` as the tests install it gives all three the same."""
+    import triton.language as tl
+    from interpreter_dot import row_by_row
+    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+
+    dot = InterpreterBuilder.create_dot
+    assert dot.row_by_row  # conftest installed it
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((16, 64), dtype=np.float32)
+    b = TensorHandle(rng.standard_normal((64, 16), dtype=np.float32), tl.float32)
+
+    def placements(create_dot):
+        def run(x):
+            acc = TensorHandle(np.zeros((len(x), 16), np.float32), tl.float32)
+            return create_dot(None, TensorHandle(x, tl.float32), b, acc, "ieee", None).data
+
+        return run(a)[15], run(np.roll(a, 1, axis=0))[0], run(a[15:])[0]
+
+    in_tile, first, alone = placements(dot.whole)
+    assert not (np.array_equal(in_tile, first) and np.array_equal(in_tile, alone))
+    in_tile, first, alone = placements(row_by_row(dot.whole))
+    assert np.array_equal(in_tile, first) and np.array_equal(in_tile, alone)
 
 
 def test_gemm_matches_torch_with_bias_and_ragged_tiles():

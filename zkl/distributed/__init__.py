@@ -112,9 +112,6 @@ def init(cfg: Any) -> World:
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     kind = backend(cfg)
-    if cfg.num_threads == 0 and kind == "gloo":  # the ranks on this machine share its cores
-        local = int(os.environ.get("LOCAL_WORLD_SIZE") or size)
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
     device = None
     if kind == "nccl" or str(cfg.device).startswith("cuda"):
         device = torch.device("cuda", local_rank)

@@ -24,7 +24,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from zkl import console, invariance
+from zkl import console, invariance, threads
 from zkl.data.tasks import build_task
 from zkl.device import resolve_device
 from zkl.experiments import bench_rl
@@ -100,6 +100,7 @@ def run_bench(cfg: BenchRunConfig, run_dir: str | Path) -> dict[str, float]:
     task = build_task(cfg)
     validate_run(cfg, task)
     check_bench(cfg.bench, resolve_device(cfg.device).type == "cuda")
+    threads.apply(cfg)  # as the run it measures
     say(f"building {cfg.model.name} on {cfg.device}; results go to {Path(run_dir) / 'bench.json'}")
     policy = build_policy(cfg)
     hybrid = getattr(policy.model, "num_mamba_layers", 0) > 0

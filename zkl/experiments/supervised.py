@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from zkl import threads
 from zkl.data.tasks import build_task
 from zkl.device import resolve_device
 from zkl.errors import ConfigError
@@ -94,8 +95,7 @@ def warm_start(out: Path, overrides: list[str], steps: int, lr: float, batch_siz
         hf_config(cfg.model)  # refused before any step when it cannot be written
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    if cfg.num_threads:
-        torch.set_num_threads(cfg.num_threads)
+    threads.apply(cfg)
     model = build_model(cfg.model, torch.float32, seed=cfg.seed, device=resolve_device(cfg.device))
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     score = accuracy(cfg, task, model)

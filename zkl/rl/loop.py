@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from zkl import environment, invariance
+from zkl import environment, invariance, threads
 from zkl.data.rewards import RewardError
 from zkl.data.tasks import build_task
 from zkl.distributed import launch
@@ -127,8 +127,7 @@ def _join_and_run(cfg: ZklConfig, task, run_dir, progress: bool | None) -> list[
 
 def _run(cfg: ZklConfig, task, run_dir, progress: bool | None, world) -> list[dict[str, Any]]:
     resume = sharded_checkpoint.prepare(cfg, run_dir, world)
-    if cfg.num_threads:
-        torch.set_num_threads(cfg.num_threads)
+    threads.apply(cfg)
     fixes = invariance.resolve(cfg.zero_train_gen_mismatch, vars(cfg.fixes))
     rows: list[dict[str, Any]] = read_metrics(run_dir) if resume.step else []
     log = RunLog(run_dir, cfg, wandb_id=resume.wandb_id) if world.is_main else NullLog()

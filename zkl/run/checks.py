@@ -62,7 +62,7 @@ def check_parts(cfg: Any, model: bool = True) -> None:
     check_tracking(cfg.tracking)
     check_checkpoint(cfg.checkpoint, cfg.resume)
     if cfg.num_threads < 0:
-        raise ConfigError(f"num_threads={cfg.num_threads} must be >= 0 (0: torch's default).")
+        raise ConfigError(f"num_threads={cfg.num_threads} must be >= 0 (0: zkl's choice).")
     if cfg.num_threads > MAX_THREADS:
         raise ConfigError(f"num_threads={cfg.num_threads} must be at most {MAX_THREADS}.")
 

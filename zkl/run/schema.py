@@ -43,4 +43,6 @@ class ZklConfig:
     zero_train_gen_mismatch: bool = True
     seed: int = 0
     device: str = "cpu"  # cpu (the embedded default) | cuda | cuda:N | auto (CUDA when present)
-    num_threads: int = 0  # 0: torch's default; the dedicated generator uses the same number
+    # CPU threads; 0: one on a CPU run, torch's default on CUDA (zkl/threads.py says why).
+    # A dedicated generator uses the same number.
+    num_threads: int = 0

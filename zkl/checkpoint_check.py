@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from zkl.checkpoint_files import check_files, headers
+from zkl.checkpoint_files import check_config_files, headers
 from zkl.console import say
 from zkl.errors import ConfigError
 from zkl.memory import param_count
@@ -81,7 +81,7 @@ def _meta_tensors(path: Path) -> dict[str, torch.Tensor]:
 def checkpoint_config(model: ModelConfig) -> ModelConfig:
     """The ModelConfig of `model.checkpoint`'s config.json, or ConfigError naming the key."""
     key = f"model.checkpoint={model.checkpoint}"
-    check_files(model.checkpoint)  # what the check phase checked before torch loaded
+    check_config_files(model.checkpoint)  # the weights are checked where a run reads them
     try:
         theirs = model_config_from_hf(Path(model.checkpoint), name=model.name)
     except json.JSONDecodeError as err:

@@ -220,9 +220,10 @@ def headers(path: Path) -> dict[str, tuple[str, list[int]]]:
     return out
 
 
-def check_files(checkpoint: str) -> None:
-    """ConfigError naming `model.checkpoint` unless its directory holds a readable config.json
-    and safetensors files whose headers are whole: what can be known without torch."""
+def check_config_files(checkpoint: str) -> None:
+    """ConfigError naming `model.checkpoint` unless it is a directory with a readable
+    config.json, its safetensors files regular files: what reading the model's
+    config from it needs, weights or not."""
     key = f"model.checkpoint={checkpoint}"
     path = Path(checkpoint)
     if not path.exists():
@@ -235,6 +236,15 @@ def check_files(checkpoint: str) -> None:
         read_json(path / "config.json", "config.json")
         for file in path.glob("*.safetensors"):
             regular_file(file)
-        headers(path)
     except ValueError as err:
         raise ConfigError(f"{key}: {err}") from None
+
+
+def check_files(checkpoint: str) -> None:
+    """`check_config_files`, and safetensors files whose headers are whole: what a run from
+    the checkpoint needs that can be known without torch."""
+    check_config_files(checkpoint)
+    try:
+        headers(Path(checkpoint))
+    except ValueError as err:
+        raise ConfigError(f"model.checkpoint={checkpoint}: {err}") from None

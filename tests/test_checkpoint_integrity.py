@@ -20,7 +20,7 @@ from conftest import make_cfg
 from zkl.errors import ConfigError, RunFault
 from zkl.rl.loop import run
 from zkl.state import checkpoint_file
-from zkl.state.checkpoint_file import CHECKPOINT_FILE
+from zkl.state.config import CHECKPOINT_FILE
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["rl.prompts_per_step=2", "rl.samples_per_prompt=2", "tracking.dump_tokens=all"]

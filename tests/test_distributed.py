@@ -26,7 +26,7 @@ from test_rl import _without_timing as rows_without_timing
 
 from zkl.errors import ConfigError
 from zkl.rl.loop import run
-from zkl.state.checkpoint_file import CHECKPOINT_FILE
+from zkl.state.config import CHECKPOINT_FILE
 from zkl.state.sharded import SHARDS_DIR
 from zkl.tracking.run_log import TOKENS_FILE, read_metrics
 

@@ -21,7 +21,7 @@ import torch
 from conftest import SMALL, make_cfg
 
 from zkl.errors import RunFault
-from zkl.state.checkpoint_file import CHECKPOINT_FILE
+from zkl.state.config import CHECKPOINT_FILE
 from zkl.tracking import run_log
 from zkl.tracking.run_log import METRICS_FILE, RunLog, read_metrics
 

@@ -18,7 +18,7 @@ from conftest import make_cfg
 
 from zkl.errors import ConfigError
 from zkl.rl.loop import TIMING_PREFIXES, run
-from zkl.state.checkpoint_file import CHECKPOINT_FILE
+from zkl.state.config import CHECKPOINT_FILE
 from zkl.tracking.errors import ERROR_FILE
 from zkl.tracking.wandb_reader import read_run_info
 

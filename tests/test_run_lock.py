@@ -14,7 +14,7 @@ import torch
 
 from zkl.errors import ConfigError
 from zkl.state import run_lock
-from zkl.state.checkpoint_file import CHECKPOINT_FILE
+from zkl.state.config import CHECKPOINT_FILE
 
 pytestmark = pytest.mark.slow  # whole experiments: `pytest -m "not slow"` skips them
 

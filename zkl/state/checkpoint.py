@@ -30,7 +30,7 @@ from zkl.console import say
 from zkl.errors import RunFault
 from zkl.state import checkpoint_file
 from zkl.state import sharded as sharded_checkpoint
-from zkl.state.checkpoint_file import CHECKPOINT_FILE
+from zkl.state.config import CHECKPOINT_FILE
 from zkl.state.requeue import cap_reached
 from zkl.state.resume import Resume, config_dict
 

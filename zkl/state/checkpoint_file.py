@@ -24,7 +24,6 @@ from typing import Any
 import torch
 
 from zkl.errors import ConfigError, RunFault
-from zkl.state.config import CHECKPOINT_FILE  # noqa: F401 (the name its readers import here)
 
 FORMAT = 2  # 2: with `digest`
 DIGEST_KEY = "digest"

@@ -25,7 +25,7 @@ from zkl.console import say
 from zkl.errors import ConfigError, ForeignRunDir
 from zkl.memory import param_count
 from zkl.state import checkpoint_file
-from zkl.state.checkpoint_file import CHECKPOINT_FILE
+from zkl.state.config import CHECKPOINT_FILE
 from zkl.state.resume_logs import trim_logs
 from zkl.state.same_config import first_difference
 from zkl.tracking.run_log import METRICS_FILE

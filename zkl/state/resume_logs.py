@@ -10,7 +10,7 @@ from pathlib import Path
 
 from zkl.console import say
 from zkl.errors import ConfigError
-from zkl.state.checkpoint_file import CHECKPOINT_FILE
+from zkl.state.config import CHECKPOINT_FILE
 from zkl.tracking.jsonl import Line, read_jsonl
 from zkl.tracking.run_log import METRICS_FILE, TOKENS_FILE
 

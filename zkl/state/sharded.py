@@ -24,7 +24,7 @@ from torch.distributed.tensor import DTensor
 
 from zkl.errors import ConfigError
 from zkl.state import checkpoint_file, resume
-from zkl.state.checkpoint_file import CHECKPOINT_FILE
+from zkl.state.config import CHECKPOINT_FILE
 
 SHARDS_DIR = "checkpoint_shards"
 

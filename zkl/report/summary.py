@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from zkl.report.axes import axis_value, common_settings, short, sweep_axes
 from zkl.report.naming import Arms
-from zkl.report.runs import KL, Run
+from zkl.report.runs import Run, summary
 from zkl.report.style import Style
 from zkl.report.tables import Cell, Table, fmt, md_escape, value_order
 
@@ -48,13 +48,10 @@ def step_time(run: Run) -> float | None:
     return mean([sum(row.get(k, 0.0) for k in TIMING) for row in run.rows if TIMING[0] in row])
 
 
-def kl_mean(run: Run) -> float | None:
-    return mean([v for v in run.series(KL) if math.isfinite(v)])
-
-
-def final_accuracy(run: Run) -> float | None:
-    val = run.series("val/accuracy")
-    return val[-1] if val else None
+def summarized(key: str) -> Callable[[Run], float | None]:
+    """A run's number `key` from the report's one per-run summary (`zkl.report.runs.summary`),
+    which the runs table shows too."""
+    return lambda run: summary(run)[key]
 
 
 @dataclass(frozen=True)
@@ -72,7 +69,7 @@ QUESTIONS = (
         "lowest mismatch",
         "gen_kl_error, mean over the logged steps (lower is better)",
         lower_is_better=True,
-        value=kl_mean,
+        value=summarized("kl_mean"),
         missing="no arm logged train/gen_kl_error",
         zero="exactly 0",
     ),
@@ -80,7 +77,7 @@ QUESTIONS = (
         "best final val/accuracy",
         "val/accuracy at the arm's last validation (higher is better)",
         lower_is_better=False,
-        value=final_accuracy,
+        value=summarized("val_accuracy_final"),
         missing="no arm logged val/accuracy (validation runs with rl.val_every > 0)",
     ),
     Question(

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import QUIET, make_cfg
+from conftest import make_cfg
 
 from zkl.data.tasks import build_task
 from zkl.errors import ConfigError
@@ -20,7 +20,7 @@ def test_it_learns_add_and_writes_what_model_checkpoint_reads(tmp_path):
     cfg = make_cfg("num_threads=1")
     task = build_task(cfg)
     before = accuracy(cfg, task, build_model(cfg.model, torch.float32, seed=cfg.seed))
-    after = warm_start(tmp_path, ["num_threads=1", *QUIET], steps=40, lr=3e-3, batch_size=64)
+    after = warm_start(tmp_path, make_cfg("num_threads=1"), steps=40, lr=3e-3, batch_size=64)
     assert before == 0.0 and after >= 0.2, (before, after)  # measured 0.0 -> 0.32
     back = make_cfg(f"model.checkpoint={tmp_path}")
     model = build_model(back.model, torch.float32)
@@ -49,4 +49,4 @@ def test_what_it_cannot_do_is_one_sentence_before_any_step(overrides, words, tmp
 
 def test_bad_numbers_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="--steps, --lr and --batch"):
-        warm_start(tmp_path, QUIET, steps=0, lr=3e-3, batch_size=64)
+        warm_start(tmp_path, make_cfg(), steps=0, lr=3e-3, batch_size=64)

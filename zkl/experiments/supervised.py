@@ -27,8 +27,7 @@ from zkl.errors import ConfigError
 from zkl.models import build_model
 from zkl.models.hf_export import hf_config, save_checkpoint
 from zkl.rl.evaluate import answered_right
-from zkl.run.compose import compose
-from zkl.run.overrides import normalize, preflight
+from zkl.run.schema import ZklConfig
 from zkl.run.validate import validate
 from zkl.trainer.scoring import pad_sequences
 
@@ -77,11 +76,9 @@ def accuracy(cfg, task, model) -> float:
     return right / max(1, len(problems))
 
 
-def warm_start(out: Path, overrides: list[str], steps: int, lr: float, batch_size: int) -> float:
-    """Train, write the checkpoint to `out`, return the final validation accuracy."""
-    overrides = normalize(overrides)
-    preflight(overrides)  # an unknown key or a bad value: one sentence, as `python -m zkl`
-    cfg = compose(overrides)
+def warm_start(out: Path, cfg: ZklConfig, steps: int, lr: float, batch_size: int) -> float:
+    """Train on `cfg` (composed and checked by the command line, `zkl.run.checks`), write the
+    checkpoint to `out`, return the final validation accuracy."""
     validate(cfg)
     task = build_task(cfg)
     if not hasattr(task, "target"):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from zkl.cli import guarded
 from zkl.run.checks import check_overrides
+from zkl.run.overrides import normalize
 
 PROG = "python -m zkl.experiments.warm_start"
 
@@ -30,11 +31,13 @@ def main() -> None:
     args = parser.parse_intermixed_args()  # options and overrides in any order
 
     def body() -> None:
-        check_overrides(args.overrides)  # before torch loads
+        dcfg = check_overrides(args.overrides)  # before torch loads
         # lazy: torch and the training load once the config has passed its checks
         from zkl.experiments.supervised import warm_start
+        from zkl.run.compose import to_object
 
-        warm_start(args.out, args.overrides, args.steps, args.lr, args.batch)
+        cfg = to_object(dcfg, normalize(args.overrides))
+        warm_start(args.out, cfg, args.steps, args.lr, args.batch)
 
     guarded("zkl.experiments.warm_start", body)
 

@@ -89,9 +89,12 @@ def check_composed(dcfg: DictConfig) -> Any:
     return cfg
 
 
-def check_overrides(overrides: list[str], schema: type = ZklConfig) -> Any:
+def check_overrides(overrides: list[str], schema: type = ZklConfig) -> DictConfig:
     """`check_composed` for an entry point that composes without `@hydra.main` (the warm
-    start): the overrides checked (`zkl.run.overrides.preflight`), composed and checked."""
+    start): the overrides checked (`zkl.run.overrides.preflight`), composed and checked; the
+    composed config, for the run."""
     normalized = normalize(overrides)
     preflight(normalized, schema=schema)
-    return check_composed(compose_dict(normalized, schema))
+    dcfg = compose_dict(normalized, schema)
+    check_composed(dcfg)
+    return dcfg

@@ -17,6 +17,9 @@ PALETTE = (
     "#1616A7", "#11A579", "#B10DA1", "#F8A19F", "#0D2A63", "#3283FE", "#6C7C32", "#E6AB02",
 )  # fmt: skip
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+# each dash as an SVG stroke-dasharray (the arm list's swatches draw the plots' lines)
+SVG_DASHES = {"dash": "6,3", "dot": "2,2", "dashdot": "6,2,2,2", "longdash": "10,3",
+              "longdashdot": "10,2,2,2"}  # fmt: skip
 WIDTH, MARKER = 2.5, 8  # a line's width and a marker's size, in px
 SYMBOLS = (
     "circle-open", "square-open", "diamond-open", "triangle-up-open", "x-thin-open",

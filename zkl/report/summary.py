@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from zkl.report.axes import axis_value, common_settings, short, sweep_axes
 from zkl.report.naming import Arms
 from zkl.report.runs import Run, summary
-from zkl.report.style import Style
+from zkl.report.style import SVG_DASHES, Style
 from zkl.report.tables import Cell, Table, fmt, md_escape, value_order
 
 TIMING = ("timing/gen_s", "timing/score_s", "timing/update_s", "timing/refit_s")
@@ -177,9 +177,8 @@ def compared(arms: Arms) -> str:
 
 def _swatch(style: Style) -> str:
     """A short line in the arm's colour and dash, as its curves are drawn."""
-    dashes = {"dash": "6,3", "dot": "2,2", "dashdot": "6,2,2,2", "longdash": "10,3",
-              "longdashdot": "10,2,2,2"}  # fmt: skip
-    dash = f" stroke-dasharray='{dashes[style.dash]}'" if style.dash in dashes else ""
+    dasharray = SVG_DASHES.get(style.dash)
+    dash = f" stroke-dasharray='{dasharray}'" if dasharray else ""
     return (
         "<svg width='26' height='10' aria-hidden='true'><line x1='0' y1='5' x2='26' y2='5' "
         f"stroke='{style.color}' stroke-width='3'{dash}/></svg>"

@@ -34,7 +34,7 @@ def main() -> None:
         dcfg = check_overrides(args.overrides)  # before torch loads
         # lazy: torch and the training load once the config has passed its checks
         from zkl.experiments.supervised import warm_start
-        from zkl.run.compose import to_object
+        from zkl.run.compose import to_object  # lazy: reads a checkpoint (torch)
 
         cfg = to_object(dcfg, normalize(args.overrides))
         warm_start(args.out, cfg, args.steps, args.lr, args.batch)

@@ -21,6 +21,7 @@ import torch
 from conftest import SMALL, make_cfg
 
 from zkl.errors import RunFault
+from zkl.layouts.dedicated import STDERR_FILE
 from zkl.state.config import CHECKPOINT_FILE
 from zkl.tracking import run_log
 from zkl.tracking.run_log import METRICS_FILE, RunLog, read_metrics
@@ -167,10 +168,17 @@ def test_ctrl_c_finishes_the_step_saves_and_says_how_to_resume(tmp_path, layout)
 
 
 def test_ctrl_c_before_the_first_step_says_nothing_can_be_resumed(tmp_path):
-    """Ctrl-C while the generation process starts: no step, no checkpoint, said so."""
+    """Ctrl-C while the generation process starts: no step, no checkpoint, said so.
+
+    Sent once the child runs its own code (its stderr file exists): while the trainer starts
+    the child it ignores SIGINT for the child to inherit, and a Ctrl-C in those few
+    milliseconds is dropped (a second one acts)."""
     run_dir = tmp_path / "run"
     proc = start(["+layout=dedicated", "layout.timeout_s=600"], run_dir)
     generation_child(proc.pid)
+    end = time.monotonic() + 120
+    while not (run_dir / STDERR_FILE).exists() and time.monotonic() < end:
+        time.sleep(0.01)
     os.killpg(proc.pid, signal.SIGINT)
     lines, _ = finish(proc, time.monotonic())
     assert proc.returncode == 130, lines

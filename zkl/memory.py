@@ -78,6 +78,17 @@ def _token_bytes(cfg: Any, positions: int) -> tuple[int, int, int]:
     return c, kv_token, (10 * m.hidden_size + 3 * width) * c + attention_row
 
 
+def _kept_per_token(cfg: Any, layer_token: int) -> int:
+    """Bytes a token's update keeps for the backward: every layer's activations, or with
+    `trainer.activation_checkpointing` each layer's input pair (residual stream and the
+    pending sub-layer output) plus the one layer being remade."""
+    m = cfg.model
+    if not cfg.trainer.activation_checkpointing:
+        return m.num_hidden_layers * layer_token
+    c = DTYPES[cfg.precision.compute_dtype].itemsize
+    return m.num_hidden_layers * 2 * m.hidden_size * c + layer_token
+
+
 def mamba_scan_bytes(m: ModelConfig, sequences: int, positions: int) -> float:
     """The chunk scan's largest transient: C[l].B[s] over every (l, s) pair of every chunk,
     [b, chunks, Q, Q, H, N] in fp32 (and the same with P), built by one layer at a time;
@@ -149,7 +160,7 @@ def estimate(cfg: Any, positions: int) -> dict[str, float]:
         # the train path makes the logits LOGIT_TOKENS at a time (trainer/scoring)
         "scoring logits": float(min(scored * positions, LOGIT_TOKENS) * m.vocab_size * score_bytes),
         "update activations": float(
-            minibatch * positions * m.num_hidden_layers * layer_token
+            minibatch * positions * _kept_per_token(cfg, layer_token)
             + min(minibatch * positions, LOGIT_TOKENS) * m.vocab_size * update_bytes
         ),
         # the trainer's forwards; the engine prefills a hybrid one request at a time
@@ -184,12 +195,13 @@ def _engine_parts(cfg: Any, positions: int) -> dict[str, float]:
     _, kv_token, layer_token = _token_bytes(cfg, positions)
     m, batch = cfg.model, cfg.engine.max_batch_size
     blocks = cfg.engine.prefix_cache_blocks if cfg.kv.mode == "persist" else 0
+    # a prefill forward: each admitted row's prompt, `engine.prefill_chunk` tokens at a time
+    prompt = max(1, positions - cfg.sampling.max_new_tokens)
+    prefill = min(prompt, cfg.engine.prefill_chunk or prompt)
     return {
         "KV cache": float(batch * positions * kv_token),
         "prefix cache": float(blocks * BLOCK * kv_token),
-        "generation activations": float(
-            batch * positions * layer_token + batch * m.vocab_size * 12
-        ),
+        "generation activations": float(batch * prefill * layer_token + batch * m.vocab_size * 12),
     }
 
 

@@ -24,6 +24,18 @@ def check_trainer(cfg: Any) -> None:
     for key in ("timeout_s", "heartbeat_s"):
         if getattr(t, key) <= 0:
             raise ConfigError(f"trainer.{key}={getattr(t, key)} must be positive.")
+    if t.activation_checkpointing and cfg.engine.backend != "native":
+        raise ConfigError(
+            f"trainer.activation_checkpointing=true remakes the native models' layers; "
+            f"engine.backend={cfg.engine.backend!r} has its own; use engine=native or set "
+            "trainer.activation_checkpointing=false."
+        )
+    if t.activation_checkpointing and cfg.rl.records_routes:
+        raise ConfigError(
+            "trainer.activation_checkpointing=true remakes each MoE layer in the backward, "
+            "where the route tape does not replay; set it false with rl.routing_replay or "
+            "rl.record_routes."
+        )
     if not sharded(cfg):
         if t.offload:
             raise ConfigError("trainer.offload=true offloads FSDP2 shards; set trainer.fsdp=true.")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from zkl.generation.kv_cache import KVCache
 
@@ -20,6 +21,10 @@ class CausalLM(nn.Module):
     # The train path runs `hidden_states` once and `lm_head` a chunk of tokens at a time
     # (zkl/trainer/scoring.py); a model whose framework computes its own head says False.
     chunked_head = True
+    # The train path keeps each layer's inputs only and remakes the rest of its activations
+    # in the backward (`trainer.activation_checkpointing`): one layer's activations at a time,
+    # which is what lets a 16k-token sequence train on one GPU.
+    checkpoint_layers = False
 
     def forward(
         self,
@@ -39,6 +44,14 @@ class CausalLM(nn.Module):
 
     def logits(self, tokens, positions, cache, slots, logit_index) -> torch.Tensor:
         return self.lm_head(self.hidden_states(tokens, positions, cache, slots, logit_index))
+
+    def run_layer(self, layer: nn.Module, *args):
+        """`layer(*args)`, its activations remade in the backward where `checkpoint_layers`
+        is set and a gradient is being built. The remade forward runs the same kernels on the
+        same shapes, so the gradient is bitwise the one without it."""
+        if self.checkpoint_layers and torch.is_grad_enabled():
+            return checkpoint(layer, *args, use_reentrant=False)
+        return layer(*args)
 
     def make_cache(self, num_slots: int, max_len: int) -> KVCache:
         """The gen path's cache of `num_slots` rows of `max_len` positions: K/V of every

@@ -145,7 +145,7 @@ class NemotronH(CausalLM):
         """As `Transformer.hidden_states`."""
         x = self.embed_tokens(tokens)
         for layer in self.layers:
-            x = layer(x, positions, cache, slots)
+            x = self.run_layer(layer, x, positions, cache, slots)
         if logit_index is not None:
             x = x[torch.arange(x.shape[0], device=x.device), logit_index]
         return self.norm(x)

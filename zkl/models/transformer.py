@@ -279,7 +279,7 @@ class Transformer(CausalLM):
             check_positions(self.cfg, tokens.shape[1], "of a scored sequence")
         x, delta = self.embed_tokens(tokens), None
         for block in self.layers:
-            x, delta = block(x, delta, positions, self.rope, cache, slots)
+            x, delta = self.run_layer(block, x, delta, positions, self.rope, cache, slots)
         if logit_index is not None:
             picked = (torch.arange(x.shape[0], device=x.device), logit_index)
             x, delta = x[picked], None if delta is None else delta[picked]

@@ -56,6 +56,7 @@ class Policy(abc.ABC):
             self.device,
             cfg.engine.backend,
         )
+        self.model.checkpoint_layers = cfg.trainer.activation_checkpointing
         self.world = distributed.current()
         fp16 = cfg.precision.compute_dtype == "float16"  # its update scales the loss
         self.scaler = DynamicLossScaler() if fp16 else None

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The RL shapes on one GPU, one call: the RL-shaped bench (the whole GRPO step at 4k-token
+# prompts and 4k-token responses, 64 rollouts, zero vs default, with its memory), then a
+# long-context run of the dense 1.5B (8k prompts, 8k responses, zero mode, graphs on, 3 steps:
+# every step must be exactly 0). Both keep one layer's activations at a time
+# (trainer.activation_checkpointing) and prefill 2048 tokens of a row at a time, so they fit
+# an 80 GB GPU.   OUT=/some/dir bash scripts/gpu_rl_shapes.sh   (BENCH_S, LONG_S bound the stages;
+# STAGES="bench long" narrows it)
+set -uo pipefail
+OUT=${OUT:-gpu_out}
+STAGES=${STAGES:-"bench long"}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+Q="tracking.wandb.mode=disabled tracking.progress=false checkpoint.save=false"
+FIT="trainer.activation_checkpointing=true engine.prefill_chunk=2048"
+bash scripts/gpu_env.sh "$OUT"
+if [[ " $STAGES " == *" bench "* ]]; then
+  timeout "${BENCH_S:-330}" python3 -m zkl.bench $Q $FIT device=cuda model=qwen2_5_1_5b \
+    bench.workload=rl "bench.step_shapes=[${STEP_SHAPE:-4096x4096x64}]" "bench.gen_shapes=[${GEN_SHAPES:-}]" \
+    hydra.run.dir=/tmp/bench_rl > "$OUT/bench_rl.log" 2>&1
+  echo "bench rc=$?" >> "$OUT/bench_rl.log"
+  cp /tmp/bench_rl/*.json "$OUT/" 2>/dev/null
+fi
+if [[ " $STAGES " == *" long "* ]]; then
+  # residue prompts are a 32-token prefix and a tail: 32 + 8160 = 8192 tokens
+  timeout "${LONG_S:-230}" python3 -m zkl $Q $FIT device=cuda model=qwen2_5_1_5b task.name=residue \
+    task.min_prompt_len=8160 task.max_prompt_len=8160 sampling.max_new_tokens=8192 \
+    sampling.ignore_eos=true rl.steps=3 rl.prompts_per_step=2 rl.samples_per_prompt=8 \
+    engine.max_batch_size=16 engine.cuda_graphs=on rl.score_micro_batch=2 rl.num_minibatches=16 \
+    rl.lr=1e-4 hydra.run.dir="$OUT/long_8k_8k" > "$OUT/long_8k_8k.log" 2>&1
+  echo "long run rc=$?" >> "$OUT/long_8k_8k.log"
+fi

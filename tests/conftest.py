@@ -99,3 +99,44 @@ def rope_tables(head_dim: int, positions: int, theta: float):
 
     cfg = ModelConfig(head_dim=head_dim, max_position_embeddings=positions, rope_theta=theta)
     return RotaryEmbedding(cfg)
+
+
+class WandbRuns:
+    """What zkl handed to W&B: each run `wandb_run.start` began, and every row it logged."""
+
+    def __init__(self) -> None:
+        self.runs: list = []
+        self.logged: list[list[tuple[int, dict]]] = []  # per run: (step, row) in order
+
+    def steps(self, index: int = -1) -> list[int]:
+        return [step for step, _ in self.logged[index]]
+
+
+@pytest.fixture
+def wandb_runs(monkeypatch) -> WandbRuns:
+    """Real W&B runs (offline), each one's `log` calls recorded as they reach wandb.
+
+    metrics.jsonl is the run's record; W&B's offline log is its binary copy, which no public
+    reader opens, so a test checks what zkl gave W&B and the run file W&B wrote."""
+    from zkl.tracking import wandb_run
+
+    seen = WandbRuns()
+    real_start = wandb_run.start
+
+    def start(*args, **kwargs):
+        run = real_start(*args, **kwargs)
+        if run is not None:
+            logged: list[tuple[int, dict]] = []
+            real_log = run.log
+
+            def log(row, step=None, **more):
+                logged.append((step, dict(row)))
+                return real_log(row, step=step, **more)
+
+            run.log = log
+            seen.runs.append(run)
+            seen.logged.append(logged)
+        return run
+
+    monkeypatch.setattr(wandb_run, "start", start)
+    return seen

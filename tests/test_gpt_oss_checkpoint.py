@@ -10,8 +10,8 @@ import pytest
 import torch
 from conftest import make_cfg
 from safetensors.torch import load_file, save_file
-from test_checkpoint_check import refusal
 from test_gpt_oss_peer import make_hf
+from test_hf_weights_check import refusal
 
 from zkl.models import mxfp4
 from zkl.run.validate import validate

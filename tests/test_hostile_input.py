@@ -165,7 +165,7 @@ def test_a_cuda_run_is_checked_against_the_device(monkeypatch):
 
 
 def test_a_real_model_without_checkpoint_warns_of_random_weights(capsys):
-    from zkl.checkpoint_check import warn_random_weights
+    from zkl.models.hf_weights_check import warn_random_weights
 
     warn_random_weights(make_cfg("model=qwen2_5_1_5b").model)
     lines = capsys.readouterr().err.splitlines()

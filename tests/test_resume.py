@@ -20,7 +20,7 @@ from zkl.errors import ConfigError
 from zkl.rl.loop import TIMING_PREFIXES, run
 from zkl.state.config import CHECKPOINT_FILE
 from zkl.tracking.errors import ERROR_FILE
-from zkl.tracking.wandb_reader import read_run_info
+from zkl.tracking.run_log import read_metrics
 
 pytestmark = pytest.mark.slow  # whole experiments: `pytest -m "not slow"` skips them
 
@@ -183,13 +183,17 @@ def test_resume_refuses_stale_prefix_cache(tmp_path):
         run(make_cfg("rl.steps=2", "resume=true", *base), tmp_path)
 
 
-def test_resume_continues_the_wandb_run(tmp_path):
+def test_resume_continues_the_wandb_run(tmp_path, wandb_runs):
+    """The resumed run logs to the same W&B run id and hands W&B every step again: the
+    earlier steps' rows from metrics.jsonl (which W&B may have lost), then its own."""
     run(make_cfg("rl.steps=1", *TINY, quiet=False), tmp_path, progress=False)
     run(make_cfg("rl.steps=2", "resume=true", *TINY, quiet=False), tmp_path, progress=False)
-    logs = sorted((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
-    assert len(logs) == 2
-    first, second = (read_run_info(p)["id"] for p in logs)
+    first, second = (wb.id for wb in wandb_runs.runs)
     assert first == second == torch.load(tmp_path / CHECKPOINT_FILE)["wandb_id"]
+    logs = sorted((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert [p.name for p in logs] == [f"run-{first}.wandb"] * 2
+    assert wandb_runs.steps(0) == [0] and wandb_runs.steps(1) == [0, 1]
+    assert [row for _, row in wandb_runs.logged[1]] == read_metrics(tmp_path)
 
 
 def test_checkpoint_save_false_writes_none_and_cannot_resume(tmp_path):

@@ -201,22 +201,6 @@ def test_cert_lists_the_fixes_from_the_registry():
         assert fix.name in out.stdout and fix.cause in out.stdout
 
 
-@pytest.mark.slow
-def test_wandb_reader_says_something(tmp_path):
-    from zkl.tracking.run_log import RunLog
-
-    out = entry("zkl.tracking.wandb_reader")
-    assert out.returncode == 2 and "usage:" in one_line(out)
-    out = entry("zkl.tracking.wandb_reader", str(tmp_path / "nothing"))
-    assert out.returncode == 2 and "does not exist" in one_line(out)
-    log = RunLog(tmp_path, make_cfg("tracking.wandb.mode=offline"))
-    log.log(0, {"train/gen_kl_error": 0.0})
-    log.close()
-    out = entry("zkl.tracking.wandb_reader", str(tmp_path))
-    assert out.returncode == 0, out.stderr
-    assert "1 history rows" in out.stdout and "train/gen_kl_error = 0" in out.stdout
-
-
 def test_an_offline_wandb_run_ends_saying_where_it_is_and_how_to_sync_it(tmp_path, capsys):
     from zkl.tracking.run_log import RunLog
 

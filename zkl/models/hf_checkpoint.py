@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from zkl.checkpoint_files import safetensors_files
+from zkl.hf_weight_files import safetensors_files
 from zkl.models.config import ModelConfig
 from zkl.models.fused import Layout, fused_layout, join_fused, split_fused
 from zkl.models.hf_config import read_config

@@ -5,7 +5,7 @@ The parts' `config` leaves are imported by their own names (`from zkl.layouts.co
 check`, never `from zkl.layouts import config`, which would run the part's `__init__`).
 `check_composed` is the first thing an entry point's Hydra job does with the composed
 config (`check_overrides` for one that composes without `@hydra.main`): the keys, then
-`model.checkpoint`'s files (`zkl.checkpoint_files`) and a dataset task's files, tokenizer
+`model.checkpoint`'s files (`zkl.hf_weight_files`) and a dataset task's files, tokenizer
 and reward (`zkl.data.dataset.check_inputs`). `zkl.run.validate.validate` runs the keys'
 checks first, then the ones that need the machine, the model or the task (device, memory,
 the checkpoint against the model, the task's rows).
@@ -17,11 +17,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from zkl.checkpoint_files import check_files
 from zkl.data.config import check as check_task
 from zkl.data.dataset import check_inputs as check_dataset_inputs
 from zkl.errors import ConfigError
 from zkl.generation.config import check as check_generation
+from zkl.hf_weight_files import check_weight_files
 from zkl.layouts.config import check as check_layout
 from zkl.models.config import validate_shapes
 from zkl.precision.config import check as check_precision
@@ -71,7 +71,7 @@ def check_inputs(cfg: Any) -> None:
     """The files the config names, checked without torch: `model.checkpoint`'s directory,
     JSON files and safetensors headers; a dataset task's splits, tokenizer and reward."""
     if cfg.model.checkpoint:
-        check_files(cfg.model.checkpoint)
+        check_weight_files(cfg.model.checkpoint)
     if cfg.task.name == "dataset" and not cfg.task._target_:
         check_dataset_inputs(cfg.task, cfg.model.checkpoint)
 

@@ -5,7 +5,7 @@ user named none (`model=...` absent from the overrides). Then every architecture
 read from the checkpoint; a `model.*` key the user set (an override, or an edit of the
 group's YAML in a sweep file) must agree with config.json, or the run is refused with one
 sentence naming it. A named group is kept and checked against config.json as before
-(zkl/checkpoint_check.py), so `model=qwen2_5_1_5b model.checkpoint=DIR` still means "this
+(zkl/models/hf_weights_check.py), so `model=qwen2_5_1_5b model.checkpoint=DIR` still means "this
 checkpoint must be that architecture". A dataset task without `task.tokenizer` reads the
 checkpoint's tokenizer.
 """
@@ -18,10 +18,10 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from zkl.checkpoint_check import checkpoint_config
 from zkl.data.config import tokenizer_source
 from zkl.errors import ConfigError
 from zkl.models.config import ModelConfig
+from zkl.models.hf_weights_check import hf_model_config
 from zkl.run.model_overrides import model_keys, names_model_group
 
 
@@ -65,7 +65,7 @@ def model_from_checkpoint(model: ModelConfig, explicit: set[str]) -> ModelConfig
     lower: a shorter context), or ConfigError names it.
     """
     key = f"model.checkpoint={model.checkpoint}"
-    theirs = checkpoint_config(model)
+    theirs = hf_model_config(model)
     for name in sorted(explicit - set(FREE_KEYS)):
         mine, ckpt = getattr(model, name), getattr(theirs, name)
         if name == "max_position_embeddings" and mine <= ckpt:

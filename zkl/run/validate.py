@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from zkl.checkpoint_check import check_checkpoint
 from zkl.data.tasks import build_task
 from zkl.device import check_device, generator_device, resolve_device
 from zkl.distributed.checks import check_trainer
@@ -22,6 +21,7 @@ from zkl.megatron.check import engine_problem
 from zkl.megatron.mapping import ENGINES
 from zkl.memory import check_memory
 from zkl.models.config import check_positions, from_checkpoint, model_named
+from zkl.models.hf_weights_check import check_hf_weights
 from zkl.models.registry import family, validate_model
 from zkl.precision.fp16 import check_fp16
 from zkl.rl.config import check_treatments
@@ -51,7 +51,7 @@ def validate(
     positions_needed = positions_needed or default_positions(cfg)
     _check_vocab_positions(cfg, vocab_needed, positions_needed)
     if cfg.model.checkpoint:
-        check_checkpoint(cfg.model)
+        check_hf_weights(cfg.model)
     check_memory(cfg, positions_needed)
 
 

@@ -1,2 +1,2 @@
-"""What a run records: metrics.jsonl and token records (the source of truth), its W&B run,
-and reading an offline W&B run back."""
+"""What a run records: metrics.jsonl and token records (the source of truth), and its W&B
+run."""

@@ -16,9 +16,9 @@ import torch.distributed as dist
 
 from zkl import distributed
 from zkl.backends import build_backend_model
-from zkl.checkpoint_check import warn_random_weights
 from zkl.device import resolve_device
 from zkl.generation.routes import taping
+from zkl.models.hf_weights_check import warn_random_weights
 from zkl.precision import DTYPES
 from zkl.precision.fp16 import DynamicLossScaler
 from zkl.trainer.loss import clipped_pg_loss

@@ -1,26 +1,25 @@
-"""`model.checkpoint`'s files checked without torch: the directory, its JSON files, every
-safetensors header.
+"""`model.checkpoint`'s HF weight files checked without torch: the directory, its JSON
+files, every safetensors header.
 
 A missing, truncated or damaged checkpoint is so refused before torch loads
-(`zkl.run.checks` runs `check_files` with the command line's other checks).
+(`zkl.run.checks` runs `check_weight_files` with the command line's other checks).
 
-`read_header` is the one reader of a safetensors header: the safetensors library through
-its numpy framework, which reads the header and no tensor (its torch framework would import
-torch). `zkl/checkpoint_check.py` then compares the checkpoint with the model, which needs
-the families and a meta-device model (torch); the loader (`zkl.models.hf_checkpoint`) reads
-the shards `safetensors_files` lists.
+`read_header` is zkl's one reader of a safetensors header. It holds the header to the rules
+the safetensors library checks when it loads a file (strict UTF-8 JSON, every entry
+well typed, the tensors' bytes in bounds, in order with no overlap or gap and covering the
+data exactly, `__metadata__` a map of strings) and names the tensor and the fault, which the
+library's own refusal does not. `zkl.models.hf_weights_check` compares the headers with the
+model; the loader (`zkl.models.hf_checkpoint`) reads the shards `safetensors_files` lists
+through the library.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import stat
 from pathlib import Path
-
-from safetensors import SafetensorError, safe_open
 
 from zkl.errors import ConfigError
 
@@ -91,61 +90,25 @@ def read_json(file: Path, what: str) -> object:
 
 
 def read_header(file: Path) -> dict[str, tuple[str, list[int]]]:
-    """name -> (dtype, shape) from a safetensors header; ValueError if corrupt or truncated.
-
-    The safetensors library reads the header (without touching the data) and checks what it
-    checks when it loads: every entry well-typed, the tensors' byte ranges in bounds, not
-    overlapping and with no gap, covering the data exactly, `__metadata__` a str -> str map.
-    Its refusal is then explained by `_explain` (which tensor, which way).
-    """
-    regular_file(file)  # safe_open would block on a FIFO
-    try:
-        with safe_open(str(file), "numpy") as f:  # numpy: the header alone, and no torch
-            out = {}
-            for name in f.keys():  # noqa: SIM118 (safe_open, not a dict)
-                part = f.get_slice(name)
-                out[name] = (part.get_dtype(), list(part.get_shape()))
-    except SafetensorError as err:
-        _explain(file)
-        reason = str(err).split(": ", 1)[-1]
-        raise ValueError(f"{file.name} has a corrupt safetensors header ({reason}).") from None
-    for name, (dtype, _) in out.items():
-        if dtype not in DTYPE_BYTES:
-            raise ValueError(f"{file.name} has a corrupt safetensors header entry for {name!r}.")
-    return out
-
-
-def _explain(file: Path) -> None:
-    """Raise the ValueError that names what safetensors refused in `file`'s header.
-
-    The library says only which check failed; this reads the header again to say where
-    (the tensor, overlap or gap, truncation or extra bytes). Returns when it finds nothing.
-    """
+    """name -> (dtype, shape) from a safetensors header; ValueError naming the fault (the
+    tensor, overlap or gap, truncation or extra bytes) if it is corrupt or truncated."""
+    regular_file(file)  # a FIFO would block the read
     size = file.stat().st_size
     with open(file, "rb") as f:
         head = f.read(8)
         length = int.from_bytes(head, "little") if len(head) == 8 else -1
         if not 0 < length <= min(MAX_HEADER_BYTES, size - 8):
             raise ValueError(f"{file.name} is not a safetensors file or is truncated (no header).")
-        raw = f.read(length)
-    if nests_deeper(raw, MAX_JSON_DEPTH):
-        raise ValueError(f"{file.name} has a safetensors header nested too deep.")
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        header = None
-    if not isinstance(header, dict):
-        raise ValueError(f"{file.name} has a corrupt safetensors header.")
-    metadata = header.get("__metadata__", {})
-    if not isinstance(metadata, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+        header = _header_json(f.read(length), file.name)
+    metadata = header.pop("__metadata__", None)
+    if metadata is not None and not (
+        isinstance(metadata, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
     ):
         raise ValueError(f"{file.name} has a __metadata__ that is not a map of strings.")
     data_bytes = size - 8 - length
     ranges = []
     for name, info in header.items():
-        if name == "__metadata__":
-            continue
         begin, end = _entry_range(info)
         if end < 0:
             raise ValueError(f"{file.name} has a corrupt safetensors header entry for {name!r}.")
@@ -170,6 +133,34 @@ def _explain(file: Path) -> None:
             f"{file.name} holds {data_bytes - position} bytes after its last tensor; the "
             "header's data_offsets are corrupt."
         )
+    return {name: (header[name]["dtype"], header[name]["shape"]) for name in sorted(header)}
+
+
+def _header_json(raw: bytes, file_name: str) -> dict:
+    """The header's JSON object, refused where the library's parser refuses it: not UTF-8,
+    a key twice in one object, NaN or Infinity."""
+    if nests_deeper(raw, MAX_JSON_DEPTH):
+        raise ValueError(f"{file_name} has a safetensors header nested too deep.")
+    try:
+        header = json.loads(
+            raw.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant
+        )
+    except ValueError:  # UnicodeDecodeError and JSONDecodeError among them
+        header = None
+    if not isinstance(header, dict):
+        raise ValueError(f"{file_name} has a corrupt safetensors header.")
+    return header
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError("a key appears twice in one object")
+    return dict(pairs)
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
 
 
 def _entry_range(info: object) -> tuple[int, int]:
@@ -184,7 +175,12 @@ def _entry_range(info: object) -> tuple[int, int]:
     if not all(type(x) is int and x >= 0 for x in ints) or info.get("dtype") not in DTYPE_BYTES:
         return -1, -1
     begin, end = offsets
-    nbytes = math.prod(shape) * DTYPE_BYTES[info["dtype"]]
+    elements = 1
+    for size in shape:  # the product as the library takes it: no step past 64 bits
+        elements *= size
+        if elements >= 2**64:
+            return -1, -1
+    nbytes = elements * DTYPE_BYTES[info["dtype"]]
     return (begin, end) if end - begin == nbytes else (-1, -1)
 
 
@@ -220,7 +216,7 @@ def headers(path: Path) -> dict[str, tuple[str, list[int]]]:
     return out
 
 
-def check_config_files(checkpoint: str) -> None:
+def check_weight_dir(checkpoint: str) -> None:
     """ConfigError naming `model.checkpoint` unless it is a directory with a readable
     config.json, its safetensors files regular files: what reading the model's
     config from it needs, weights or not."""
@@ -240,10 +236,10 @@ def check_config_files(checkpoint: str) -> None:
         raise ConfigError(f"{key}: {err}") from None
 
 
-def check_files(checkpoint: str) -> None:
-    """`check_config_files`, and safetensors files whose headers are whole: what a run from
+def check_weight_files(checkpoint: str) -> None:
+    """`check_weight_dir`, and safetensors files whose headers are whole: what a run from
     the checkpoint needs that can be known without torch."""
-    check_config_files(checkpoint)
+    check_weight_dir(checkpoint)
     try:
         headers(Path(checkpoint))
     except ValueError as err:

@@ -1,10 +1,10 @@
-"""`model.checkpoint` checked against the model before any model is built, each fault in one
-sentence.
+"""`model.checkpoint`'s HF weights checked against the model before any model is built,
+each fault in one sentence.
 
 Loading finds a bad checkpoint only after the model (possibly billions of parameters) is
 allocated, and a `config.json` for another architecture was never compared with the model
 config. The files themselves (the path, the JSON files, every safetensors header) are
-checked without torch by `zkl.checkpoint_files`, before torch loads; here `config.json` is
+checked without torch by `zkl.hf_weight_files`, before torch loads; here `config.json` is
 read by its family and compared with `model.*`, and every tensor name and shape with the
 model, through the loader's own mapping.
 """
@@ -16,12 +16,12 @@ from pathlib import Path
 
 import torch
 
-from zkl.checkpoint_files import check_config_files, headers
 from zkl.console import say
 from zkl.errors import ConfigError
-from zkl.memory import param_count
+from zkl.hf_weight_files import check_weight_dir, headers
 from zkl.models.config import SHAPE_KEYS, ModelConfig
 from zkl.models.hf_checkpoint import map_state_dict, model_config_from_hf
+from zkl.models.registry import param_count
 
 # config.json must agree with the model config on these (max_position_embeddings may be lower)
 ARCH_KEYS = (
@@ -53,7 +53,7 @@ ARCH_KEYS = (
     "swiglu_alpha",
     "swiglu_limit",
 )
-# The torch dtype of each safetensors dtype zkl reads (`zkl.checkpoint_files.DTYPE_BYTES`).
+# The torch dtype of each safetensors dtype zkl reads (`zkl.hf_weight_files.DTYPE_BYTES`).
 DTYPES = {
     "F64": torch.float64,
     "F32": torch.float32,
@@ -78,10 +78,10 @@ def _meta_tensors(path: Path) -> dict[str, torch.Tensor]:
     }
 
 
-def checkpoint_config(model: ModelConfig) -> ModelConfig:
+def hf_model_config(model: ModelConfig) -> ModelConfig:
     """The ModelConfig of `model.checkpoint`'s config.json, or ConfigError naming the key."""
     key = f"model.checkpoint={model.checkpoint}"
-    check_config_files(model.checkpoint)  # the weights are checked where a run reads them
+    check_weight_dir(model.checkpoint)  # the weights are checked where a run reads them
     try:
         theirs = model_config_from_hf(Path(model.checkpoint), name=model.name)
     except json.JSONDecodeError as err:
@@ -95,11 +95,11 @@ def checkpoint_config(model: ModelConfig) -> ModelConfig:
     return theirs
 
 
-def check_checkpoint(model: ModelConfig) -> None:
+def check_hf_weights(model: ModelConfig) -> None:
     """Raise ConfigError naming `model.checkpoint` (or the `model.*` key that disagrees)."""
     key = f"model.checkpoint={model.checkpoint}"
     path = Path(model.checkpoint)
-    theirs = checkpoint_config(model)
+    theirs = hf_model_config(model)
     for name in ARCH_KEYS:
         if getattr(model, name) != getattr(theirs, name):
             raise ConfigError(

@@ -11,11 +11,11 @@ from conftest import make_cfg
 from safetensors.torch import save_file
 from test_hostile_input import assert_refused_before_work, run_entry
 
-from zkl.checkpoint_check import DTYPES
-from zkl.checkpoint_files import DTYPE_BYTES, INDEX_FILE
 from zkl.errors import ConfigError
+from zkl.hf_weight_files import DTYPE_BYTES, INDEX_FILE
 from zkl.models import build_model
 from zkl.models.hf_export import save_checkpoint
+from zkl.models.hf_weights_check import DTYPES
 from zkl.run.validate import validate
 
 
@@ -183,6 +183,57 @@ def test_offsets_and_metadata_are_checked_as_safetensors_loads_them(good, edit, 
     if expected != "corrupt":  # what the loader would have raised after building the model
         with pytest.raises(Exception), safe_open(str(file), "pt") as f:  # noqa: B017
             [f.get_tensor(k) for k in f.keys()]  # noqa: SIM118 (safe_open, not a dict)
+
+
+def with_raw_header(file: Path, edit) -> None:
+    """`file` with the bytes of its header JSON rewritten by `edit(raw)`, the data kept."""
+    data = file.read_bytes()
+    length = int.from_bytes(data[:8], "little")
+    raw = edit(data[8 : 8 + length])
+    file.write_bytes(len(raw).to_bytes(8, "little") + raw + data[8 + length :])
+
+
+def zero_sized(raw: bytes, shape: list[int]) -> bytes:
+    """The header with one more tensor of `shape` (no elements) at the end of the data."""
+    header = json.loads(raw)
+    end = max(info["data_offsets"][1] for k, info in header.items() if k != "__metadata__")
+    header["z"] = {"dtype": "F32", "shape": shape, "data_offsets": [end, end]}
+    return json.dumps(header).encode()
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        pytest.param(lambda raw: raw.replace(b'"dtype"', b'"dtype": "F32", "dtype"', 1), id="dup"),
+        pytest.param(lambda raw: raw.replace(b'"dtype"', b'"x": NaN, "dtype"', 1), id="nan"),
+        pytest.param(lambda raw: raw.replace(b'"', b'"\xff', 1), id="not-utf8"),
+        pytest.param(lambda raw: zero_sized(raw, [2**40, 2**40, 0]), id="64-bit-overflow"),
+    ],
+)
+def test_the_header_reader_refuses_what_the_library_refuses(good, edit):
+    """zkl's one header reader accepts no header the loader's safetensors would refuse after
+    the model is built."""
+    from safetensors import safe_open
+
+    file = good / "model.safetensors"
+    with_raw_header(file, edit)
+    assert "corrupt safetensors header" in refusal(good)
+    with pytest.raises(Exception), safe_open(str(file), "pt") as f:  # noqa: B017
+        [f.get_tensor(k) for k in f.keys()]  # noqa: SIM118 (safe_open, not a dict)
+
+
+def test_the_header_reader_accepts_what_the_library_accepts(good):
+    """A null `__metadata__` and spaces around the JSON (writers pad with them) are a good
+    header."""
+    from safetensors import safe_open
+
+    def null_metadata(raw: bytes) -> bytes:
+        return b" " + json.dumps({**json.loads(raw), "__metadata__": None}).encode() + b"   "
+
+    with_raw_header(good / "model.safetensors", null_metadata)
+    validate(make_cfg(f"model.checkpoint={good}"))
+    with safe_open(str(good / "model.safetensors"), "pt") as f:
+        assert f.metadata() is None
 
 
 DEEP = 200_000

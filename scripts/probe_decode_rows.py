@@ -160,7 +160,7 @@ def main() -> None:
     named = any(o.startswith(("model=", "model.checkpoint=")) for o in args.overrides)
     default = [] if named else ["model=qwen2_5_1_5b"]
     cfg = compose([f"device={args.device}", *default, *args.overrides])
-    fixes = invariance.resolve(cfg.zero_train_gen_mismatch, vars(cfg.fixes))
+    fixes = invariance.from_config(cfg)
     torch.manual_seed(0)
     prompts = [
         torch.randint(10, cfg.model.vocab_size - 10, (40 + i,)).tolist() for i in range(args.batch)

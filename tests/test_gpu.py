@@ -15,7 +15,7 @@ from zkl import invariance
 from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.sampling import SamplingParams, sample
 from zkl.models import ModelConfig, build_model
-from zkl.models.transformer import SparseMoE
+from zkl.models.transformer import Qwen3MoE
 from zkl.ops import fast
 from zkl.rl.loop import run
 from zkl.run.schema import CONF_DIR
@@ -181,7 +181,7 @@ def test_moe_grouped_combine_invariant_on_gpu():
         num_experts_per_tok=4,
         moe_intermediate_size=128,
     )
-    moe = SparseMoE(cfg).to(DEV)
+    moe = Qwen3MoE(cfg).to(DEV)
     g = torch.Generator(device=DEV).manual_seed(5)
     with torch.no_grad():
         for p in moe.parameters():

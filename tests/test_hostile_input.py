@@ -154,7 +154,7 @@ def test_a_model_too_large_for_the_machine_names_the_estimate(monkeypatch):
 
 
 def test_a_cuda_run_is_checked_against_the_device(monkeypatch):
-    monkeypatch.setattr(memory, "device_of", lambda cfg: "cuda")
+    monkeypatch.setattr(memory, "on_cuda", lambda cfg: True)
     monkeypatch.setattr(memory.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(memory.torch.cuda, "mem_get_info", lambda *device: (2 * 10**9, 80 * 10**9))
     monkeypatch.setattr(memory, "available_bytes", lambda: HUGE)

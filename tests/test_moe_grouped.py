@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from zkl import invariance, ops
 from zkl.models.config import ModelConfig
 from zkl.models.nemotron_h import HybridMoE
-from zkl.models.transformer import SparseMoE
+from zkl.models.transformer import Qwen3MoE
 
 MOE = ModelConfig(
     family="qwen3_moe",
@@ -45,7 +45,7 @@ def _seeded(module: torch.nn.Module, dtype: torch.dtype, seed: int = 5) -> torch
     return module.to(dtype)
 
 
-def _one_call_per_expert(moe: SparseMoE, x: torch.Tensor, fixed: bool) -> torch.Tensor:
+def _one_call_per_expert(moe: Qwen3MoE, x: torch.Tensor, fixed: bool) -> torch.Tensor:
     """The layer as one module call per expert on its rows (the spec the grouped GEMMs keep):
     pairs grouped by a stable sort, results to the pairs' places, the same two combines."""
     flat = x.reshape(-1, x.shape[-1])
@@ -76,7 +76,7 @@ def _one_call_per_expert(moe: SparseMoE, x: torch.Tensor, fixed: bool) -> torch.
     return out.reshape(x.shape)
 
 
-@pytest.mark.parametrize("layer", [SparseMoE(MOE), HybridMoE(HYBRID)], ids=["qwen3", "nemotron"])
+@pytest.mark.parametrize("layer", [Qwen3MoE(MOE), HybridMoE(HYBRID)], ids=["qwen3", "nemotron"])
 @pytest.mark.parametrize("fixed", [True, False], ids=["fixes_on", "fixes_off"])
 def test_grouped_experts_equal_one_call_per_expert(layer, fixed):
     """Bitwise, at batch sizes where some experts get no row (1 token: 4 or 6 of 8 idle)."""
@@ -92,7 +92,7 @@ def test_grouped_experts_equal_one_call_per_expert(layer, fixed):
 
 
 def test_grouped_experts_gradients_reach_every_routed_expert():
-    moe = _seeded(SparseMoE(MOE), torch.float32)
+    moe = _seeded(Qwen3MoE(MOE), torch.float32)
     x = torch.randn(5, 64, requires_grad=True)
     with invariance.enabled(FIXES):
         moe(x).square().sum().backward()
@@ -171,7 +171,7 @@ def test_the_host_read_detector_catches_a_bincount_and_a_mask():
         torch.repeat_interleave(x, x, output_size=15)
 
 
-@pytest.mark.parametrize("layer", [SparseMoE(MOE), HybridMoE(HYBRID)], ids=["qwen3", "nemotron"])
+@pytest.mark.parametrize("layer", [Qwen3MoE(MOE), HybridMoE(HYBRID)], ids=["qwen3", "nemotron"])
 @pytest.mark.parametrize("fixed", [True, False], ids=["fixes_on", "fixes_off"])
 def test_moe_forward_reads_nothing_back_to_the_host(layer, fixed, monkeypatch):
     """The layer with the CUDA forms of the grouped GEMM (Triton, in the interpreter here):

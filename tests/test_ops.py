@@ -6,7 +6,7 @@ import torch
 
 from zkl import invariance
 from zkl.models.config import ModelConfig
-from zkl.models.transformer import SparseMoE
+from zkl.models.transformer import Qwen3MoE
 from zkl.ops import fast, invariant
 
 
@@ -123,7 +123,7 @@ def test_moe_combine_independent_of_dispatch_order():
     cfg = ModelConfig(
         family="qwen3_moe", num_experts=8, num_experts_per_tok=4, moe_intermediate_size=32
     )
-    moe = SparseMoE(cfg)
+    moe = Qwen3MoE(cfg)
     g = torch.Generator().manual_seed(5)
     with torch.no_grad():
         for p in moe.parameters():
@@ -145,7 +145,7 @@ def test_moe_router_tie_break_is_stable():
     cfg = ModelConfig(
         family="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32
     )
-    moe = SparseMoE(cfg)
+    moe = Qwen3MoE(cfg)
     with torch.no_grad():
         moe.gate.weight.zero_()  # every expert ties
     with invariance.enabled({"moe_combine_order"}):

@@ -116,7 +116,7 @@ def test_engine_quant_cache_after_refit(flag):
     refresh = flag == "true"
     task = build_task(cfg)
     _, requests = make_requests(cfg, task, 0)
-    with invariance.enabled(invariance.resolve(True, vars(cfg.fixes))):
+    with invariance.enabled(invariance.from_config(cfg)):
         policy = build_policy(cfg)
         generator = build_generator(cfg, policy, task.tokenizer.eos_id)  # shares the model
         linears = {id(m): m for m in policy.model.modules() if getattr(m, "quantize", None)}

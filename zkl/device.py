@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from zkl.errors import ConfigError
@@ -30,6 +32,15 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", torch.cuda.current_device())
     return device
+
+
+def on_cuda(cfg: Any) -> bool:
+    """Whether the run computes on a CUDA device: `device=cuda`, `cuda:N`, or `auto` on a
+    machine with one. Reads the name only, so a config can be estimated on any machine."""
+    name = str(cfg.device)
+    if name == "auto":
+        return torch.cuda.is_available()
+    return name.partition(":")[0] == "cuda"
 
 
 def generator_device(cfg) -> torch.device:

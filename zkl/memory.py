@@ -16,13 +16,14 @@ from typing import Any
 
 import torch
 
-from zkl.device import generator_device, resolve_device
+from zkl.device import generator_device, on_cuda, resolve_device
 from zkl.distributed.checks import sharded
 from zkl.errors import ConfigError
-from zkl.invariance import resolve
+from zkl.invariance import from_config
 from zkl.models.config import ModelConfig
 from zkl.models.registry import largest_layer_params, param_count
 from zkl.precision import DTYPES
+from zkl.precision.config import quantizes
 
 LOGIT_TOKENS = 8192  # tokens whose logits exist at once on the train path (trainer/scoring)
 
@@ -70,10 +71,9 @@ def _token_bytes(cfg: Any, positions: int) -> tuple[int, int, int]:
     width = m.intermediate_size
     if m.is_moe:
         width = m.num_experts_per_tok * (m.moe_intermediate_size + 2 * m.hidden_size)
-    on_cuda = device_of(cfg).startswith("cuda")
     # On CUDA both modes' attention (zkl's kernel, or flash) saves no score rows: the
     # backward is flash and recomputes them.
-    attention_row = 0 if on_cuda else m.num_attention_heads * positions * 4
+    attention_row = 0 if on_cuda(cfg) else m.num_attention_heads * positions * 4
     kv_token = 2 * m.num_hidden_layers * m.num_key_value_heads * m.head_dim * c
     return c, kv_token, (10 * m.hidden_size + 3 * width) * c + attention_row
 
@@ -116,7 +116,7 @@ def sharded_weights(cfg: Any) -> dict[str, float]:
     embeddings = m.vocab_size * m.hidden_size * (1 if m.tie_word_embeddings else 2)
     transient = (3 * largest_layer_params(m) + 2 * embeddings) * c
     generator = p * c * (3 if cfg.layout.name == "dedicated" else 1)
-    if cfg.precision.linear_quant != "none":
+    if quantizes(cfg.precision):
         generator += p * c  # the engine's cached quantized weights
     if cfg.rl.kl_coef > 0:
         shards += p * c  # the frozen reference model, whole on every rank
@@ -132,7 +132,7 @@ def estimate(cfg: Any, positions: int) -> dict[str, float]:
     m, rl = cfg.model, cfg.rl
     c, kv_token, layer_token = _token_bytes(cfg, positions)
     p = param_count(m)
-    fixes = resolve(cfg.zero_train_gen_mismatch, vars(cfg.fixes))
+    fixes = from_config(cfg)
     dedicated = cfg.layout.name == "dedicated"
     per_param = 2 * c + 8  # weights, gradients, AdamW exp_avg and exp_avg_sq (fp32)
     if cfg.precision.master_weights_fp32 and c != 4:
@@ -145,13 +145,13 @@ def estimate(cfg: Any, positions: int) -> dict[str, float]:
         per_param += 3 * c  # the generator's model and the refit buffer on both sides
     elif "refit_exactness" not in fixes:
         per_param += c  # the colocated generator's own copy
-    if cfg.precision.linear_quant != "none":
+    if quantizes(cfg.precision):
         per_param += c  # cached quantized weights
     samples = rl.prompts_per_step * rl.samples_per_prompt
     scored = rl.score_micro_batch or samples
     minibatch = math.ceil(samples / rl.num_minibatches)
     # CUDA's fused logprob kernel keeps no fp32 copy of the logits.
-    fused = device_of(cfg).startswith("cuda") and "batch_invariant_reductions" in fixes
+    fused = on_cuda(cfg) and "batch_invariant_reductions" in fixes
     score_bytes, update_bytes = (c, 2 * c) if fused else (c + 8, c + 12)
     return {
         "weights and optimizer state": float(p * per_param),
@@ -249,11 +249,6 @@ def available_bytes() -> int:
     return available
 
 
-def device_of(cfg: Any) -> str:
-    """The device the run computes on (`device` key when the config has one; CPU otherwise)."""
-    return str(resolve_device(str(getattr(cfg, "device", "cpu"))))
-
-
 def _refuse(parts: dict[str, float], free: float, where: str) -> None:
     total = sum(parts.values())
     if total <= free:
@@ -269,8 +264,8 @@ def _refuse(parts: dict[str, float], free: float, where: str) -> None:
 def check_memory(cfg: Any, positions: int) -> None:
     """Refuse a run whose estimate exceeds the free memory, with the estimate in GB."""
     parts = estimate(cfg, positions)
-    if device_of(cfg).startswith("cuda") and torch.cuda.is_available():
-        free, _ = torch.cuda.mem_get_info(device_of(cfg))
+    if on_cuda(cfg) and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info(resolve_device(str(cfg.device)))
         _refuse({k: v for k, v in parts.items() if k not in HOST_ONLY}, free, "the GPU")
         parts = {k: v for k, v in parts.items() if k in HOST_ONLY}
         generator = generator_estimate(cfg, positions)

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from zkl.device import resolve_device
+from zkl.device import on_cuda
 from zkl.distributed.checks import sharded
 from zkl.loopback import free_port
 
@@ -94,7 +94,7 @@ def current() -> World:
 def backend(cfg: Any) -> str:
     if cfg.trainer.backend != "auto":
         return cfg.trainer.backend
-    return "nccl" if resolve_device(str(cfg.device)).type == "cuda" else "gloo"
+    return "nccl" if on_cuda(cfg) else "gloo"
 
 
 def init(cfg: Any) -> World:
@@ -113,7 +113,7 @@ def init(cfg: Any) -> World:
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     kind = backend(cfg)
     device = None
-    if kind == "nccl" or str(cfg.device).startswith("cuda"):
+    if kind == "nccl" or on_cuda(cfg):
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     dist.init_process_group(

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
+from zkl.device import on_cuda
 from zkl.errors import ConfigError
 
 
@@ -40,14 +39,12 @@ def check_trainer(cfg: Any) -> None:
         if t.offload:
             raise ConfigError("trainer.offload=true offloads FSDP2 shards; set trainer.fsdp=true.")
         return
-    on_cuda = str(cfg.device).startswith("cuda") or (
-        cfg.device == "auto" and torch.cuda.is_available()
-    )
-    if t.offload and not on_cuda:
+    cuda = on_cuda(cfg)
+    if t.offload and not cuda:
         raise ConfigError(
             "trainer.offload=true moves GPU shards to the host; it needs device=cuda."
         )
-    if t.backend == "nccl" and not on_cuda:
+    if t.backend == "nccl" and not cuda:
         raise ConfigError("trainer.backend=nccl needs device=cuda; use gloo (or auto) on the CPU.")
     if cfg.engine.backend != "native":
         raise ConfigError(

@@ -27,7 +27,7 @@ from zkl.generation.prefill import Admitted, prefill
 from zkl.generation.prefix_cache import PrefixCache
 from zkl.generation.sampling import SamplingParams
 from zkl.generation.slots import SlotState
-from zkl.invariance import FIXES, is_enabled
+from zkl.invariance import active, is_enabled
 from zkl.models.config import check_positions
 from zkl.precision import quantizes, weight_cache
 
@@ -94,7 +94,6 @@ class GenerationEngine:
         self.model = model
         self.max_batch_size = max_batch_size
         self.eos_id = eos_id if eos_id is not None and eos_id >= 0 else None
-        self.kv_mode = kv_mode
         self.prefill_chunk = prefill_chunk
         self.sync_every = sync_every or (8 if self.device.type == "cuda" else 1)  # 0: auto
         self.record_routes = record_routes  # each position's experts (MoE, routing replay)
@@ -118,10 +117,10 @@ class GenerationEngine:
 
     # -- refit --------------------------------------------------------------------------
     def on_refit(self, version: int) -> None:
-        """New weights are in place: drop what the kv mode and the fixes say is stale."""
+        """New weights are in place: the prefix cache's entries are tagged with `version`
+        (`kv_invalidate_on_refit` skips older ones), and `quantized_weight_refresh` drops the
+        quantized copies of the old weights."""
         self.weight_version = version
-        if self.kv_mode == "recompute" and self.prefix_cache is not None:
-            self.prefix_cache.clear()
         if is_enabled("quantized_weight_refresh"):
             if self.quant_cache and self.decoder is not None:
                 self.decoder.drop()  # the graphs read the quantized copies about to go
@@ -244,8 +243,7 @@ class GenerationEngine:
         `on_refit`).
         """
         params = tuple(p.data_ptr() for p in self.model.parameters())
-        fixes = tuple(name for name in FIXES if is_enabled(name))
-        return (self.max_batch_size, sampler, fixes, params)
+        return (self.max_batch_size, sampler, active(), params)
 
     def _retire(
         self,

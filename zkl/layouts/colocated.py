@@ -5,9 +5,8 @@ from __future__ import annotations
 import torch
 
 from zkl.generation.engine import Completion, EngineStats, Request
-from zkl.invariance import is_enabled
 from zkl.layouts.engine_setup import build_engine, build_generation_model
-from zkl.layouts.refit import load_refit, refit_payload
+from zkl.layouts.refit import load_refit, refit_payload, refits_exactly
 from zkl.precision import DTYPES
 
 
@@ -20,7 +19,7 @@ class ColocatedGenerator:
     """
 
     def __init__(self, cfg, policy, eos_id: int):
-        self.shared = is_enabled("refit_exactness") and not policy.world.sharded
+        self.shared = refits_exactly() and not policy.world.sharded
         model = policy.model if self.shared else build_generation_model(cfg)
         self.engine = build_engine(cfg, model, eos_id)
         self.gen_dtype = DTYPES[cfg.precision.compute_dtype]

@@ -7,11 +7,17 @@ import torch
 from zkl.invariance import is_enabled
 
 
+def refits_exactly() -> bool:
+    """Whether a refit hands the generator the trainer's own tensors (`refit_exactness`):
+    then a colocated generator can share the trainer's model outright."""
+    return is_enabled("refit_exactness")
+
+
 def refit_payload(
     state: dict[str, torch.Tensor], gen_dtype: torch.dtype
 ) -> dict[str, torch.Tensor]:
     """What a refit sends: the trainer's exact tensors, or (fix off) all cast to `gen_dtype`."""
-    if is_enabled("refit_exactness"):
+    if refits_exactly():
         return state
     return {k: v.to(gen_dtype) if v.is_floating_point() else v for k, v in state.items()}
 

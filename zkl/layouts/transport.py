@@ -17,7 +17,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from zkl.device import generator_device, resolve_device
+from zkl.device import generator_device, on_cuda, resolve_device
 from zkl.loopback import loopback_only
 
 BROADCAST = ("gloo", "nccl")  # the transports that move the buffer with torch.distributed
@@ -29,7 +29,7 @@ def kind(cfg) -> str:
     """`layout.backend` with `auto` resolved: gloo on the CPU, cuda_ipc on a GPU."""
     if cfg.layout.backend != "auto":
         return cfg.layout.backend
-    return "cuda_ipc" if resolve_device(cfg.device).type == "cuda" else "gloo"
+    return "cuda_ipc" if on_cuda(cfg) else "gloo"
 
 
 def rendezvous_file() -> str:

@@ -15,14 +15,12 @@ import torch
 from torch import nn
 
 from zkl import ops
-from zkl.invariance import is_enabled
 from zkl.models import transformer
 from zkl.models.config import ModelConfig
-from zkl.models.moe import combine, group_by_expert, grouped_bias, run_experts, top_k_softmax_route
+from zkl.models.moe import SparseMoE, grouped_bias, top_k_softmax_route
 from zkl.models.transformer import Linear
 from zkl.models.yarn import YarnRotaryEmbedding
 from zkl.ops import activations
-from zkl.precision import quantizes
 
 
 def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float):
@@ -51,7 +49,7 @@ class Expert(nn.Module):
         return self.down_proj(clamped_swiglu(gate, up, self.alpha, self.limit))
 
 
-class MoE(nn.Module):
+class MoE(SparseMoE):
     """Router with a bias, top-k, softmax over the k logits; experts weighted and added."""
 
     def __init__(self, cfg: ModelConfig):
@@ -59,6 +57,14 @@ class MoE(nn.Module):
         self.top_k = cfg.num_experts_per_tok
         self.gate = Linear(cfg.hidden_size, cfg.num_experts, True, quantizable=False)
         self.experts = nn.ModuleList(Expert(cfg) for _ in range(cfg.num_experts))
+
+    def choose_experts(self, x: torch.Tensor, fixed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, H] -> (expert ids [N, k], fp32 weights [N, k]) (`moe.top_k_softmax_route`)."""
+        return top_k_softmax_route(x, self.gate.weight, self.gate.bias, self.top_k, fixed)
+
+    def replayed(self, x, top_i, top_w, fixed) -> tuple[torch.Tensor, torch.Tensor]:
+        """gpt-oss replays no routes (the registry gives it no `route_replay`): its own stands."""
+        return top_i, top_w
 
     def grouped_experts(self, rows, offsets, top_i, by_expert) -> torch.Tensor:
         """rows [P, H] grouped per expert at `offsets` -> each row through its expert: the
@@ -72,19 +78,6 @@ class MoE(nn.Module):
         hidden = clamped_swiglu(gate, up, experts[0].alpha, experts[0].limit)
         out = ops.grouped_linear(hidden, [e.down_proj.weight for e in experts], offsets)
         return out + grouped_bias(down_bias, top_i, by_expert).to(out.dtype)
-
-    def forward(self, x: torch.Tensor, expert_order: list[int] | None = None) -> torch.Tensor:
-        shape = x.shape
-        x = x.reshape(-1, shape[-1])  # [N, H]
-        fixed = is_enabled("moe_combine_order")
-        top_i, top_w = top_k_softmax_route(x, self.gate.weight, self.gate.bias, self.top_k, fixed)
-        if quantizes(self.experts[0]):  # each expert scales its own group: one call each
-            out = run_experts(x, top_i, top_w, list(self.experts), fixed, expert_order)
-            return out.reshape(shape)
-        by_expert, offsets = group_by_expert(top_i, len(self.experts))
-        rows = x[by_expert // self.top_k]
-        results = self.grouped_experts(rows, offsets, top_i, by_expert)
-        return combine(results, by_expert, top_i, top_w, fixed, expert_order).reshape(shape)
 
 
 class Block(transformer.Block):

@@ -208,12 +208,13 @@ class Mamba2Mixer(nn.Module):
             cache.conv[self.index, slots] = torch.cat([history, xbc], dim=1)[:, length:]
         xbc = self.conv(xbc, history)
         decoding = cache is not None and length == 1
-        if decoding and is_enabled("mamba_chunked_decode"):
+        chunked = cache is not None and is_enabled("mamba_chunked_decode")
+        if decoding and chunked:
             y = self.chunked_step(xbc, dt, A, positions, cache, slots)
         elif decoding:
             y = self.step(xbc, dt, A, cache, slots)
         else:
-            y = self.scan(xbc, dt, A, positions, cache, slots)
+            y = self.scan(xbc, dt, A, positions, cache, slots, chunked)
         x = self.split(xbc)[0]
         y = y + self.D.float()[:, None] * x  # [b, T, H, P]
         y = self.norm(y.reshape(batch, length, self.inner), gate)
@@ -249,12 +250,12 @@ class Mamba2Mixer(nn.Module):
         cache.buf_dt[self.index, slots] = buf_dt
         return y.unsqueeze(1)  # [b, 1, H, P]
 
-    def scan(self, xbc, dt, A, positions, cache, slots) -> torch.Tensor:
-        """Chunk scan over (buffered partial chunk + these tokens) from the boundary state."""
+    def scan(self, xbc, dt, A, positions, cache, slots, chunked: bool) -> torch.Tensor:
+        """Chunk scan over (buffered partial chunk + these tokens) from the boundary state;
+        `chunked`: the gen path with `mamba_chunked_decode`, rows resuming mid-chunk."""
         batch, length, _ = xbc.shape
         Q = self.chunk
         device = xbc.device
-        chunked = cache is not None and is_enabled("mamba_chunked_decode")
         if chunked:  # rows resume mid-chunk: r tokens of the chunk are buffered
             start = positions[:, 0] % Q  # [b]
             width = int(start.max().item()) + length

@@ -1,5 +1,9 @@
 """Mixture-of-experts dispatch shared by every MoE layer: route, group, combine.
 
+`SparseMoE` is the layer every native family's MoE extends (Qwen3-MoE, Nemotron-H, gpt-oss):
+a family gives its router (`choose_experts`) and its experts (`grouped_experts`); the base
+runs route, tape, grouping and combine, and is the one place that reads `moe_combine_order`.
+
 A layer's (token, slot) pairs are grouped per expert by one stable sort of their expert ids;
 the group offsets come from a search in the sorted ids, so they stay on the device and a
 decode step with MoE layers never waits on the host (the experts then run as one grouped
@@ -13,9 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
+from torch import nn
 
 from zkl import ops
 from zkl.generation import routes
+from zkl.invariance import is_enabled
+from zkl.precision import quantizes
 
 
 def router_probs(x: torch.Tensor, gate_weight: torch.Tensor, fixed: bool) -> torch.Tensor:
@@ -172,3 +179,66 @@ def grouped_bias(
     """Each grouped pair's expert bias: biases [E, N] -> [N*k, N] in `by_expert` order (a
     gather on the device, so the layer still reads nothing back to the host)."""
     return biases[top_i.reshape(-1)[by_expert]]
+
+
+def fixed_order() -> bool:
+    """Whether `moe_combine_order` is on: an fp32 router, ties to the lower expert id, and
+    each token's experts added in fp32 in top-k slot order."""
+    return is_enabled("moe_combine_order")
+
+
+class SparseMoE(nn.Module):
+    """A top-k MoE layer: each token through the experts its router chooses, weighted and
+    added. A family sets `top_k`, `gate` and `experts` and gives `choose_experts` and
+    `grouped_experts`; the tokens are grouped per expert on the device and the experts run as
+    grouped GEMMs, so the layer reads nothing back to the host."""
+
+    top_k: int
+    experts: nn.ModuleList
+
+    def choose_experts(self, x: torch.Tensor, fixed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, H] -> (expert ids [N, k], fp32 weights [N, k]), `fixed` as `fixed_order`."""
+        raise NotImplementedError
+
+    def grouped_experts(
+        self,
+        rows: torch.Tensor,
+        offsets: torch.Tensor,
+        top_i: torch.Tensor,
+        by_expert: torch.Tensor,
+    ) -> torch.Tensor:
+        """rows [P, H] grouped per expert at `offsets` -> each row through its expert (`top_i`
+        and `by_expert` name each row's expert, for a family with per-expert biases)."""
+        raise NotImplementedError
+
+    def replayed(
+        self, x: torch.Tensor, top_i: torch.Tensor, top_w: torch.Tensor, fixed: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The route as the active route tape has it (routing replay, `taped_route`)."""
+        return taped_route(x, self.gate.weight, top_i, top_w, self.norm_topk_prob, fixed)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, H] -> (expert ids [N, k], fp32 weights [N, k]) under the fixes on."""
+        return self.choose_experts(x, fixed_order())
+
+    @property
+    def runs_one_call_per_expert(self) -> bool:
+        """Under a quantizing recipe each expert scales its own group's input (a per-tensor
+        scale sees that group alone), so each expert runs as one call: a host read of the
+        group sizes."""
+        return quantizes(self.experts[0])
+
+    def forward(self, x: torch.Tensor, expert_order: list[int] | None = None) -> torch.Tensor:
+        """x [..., H] -> [..., H]; `expert_order` (tests only) adds the groups in another
+        order, as GPU atomics may."""
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])  # [N, H]
+        fixed = fixed_order()
+        top_i, top_w = self.choose_experts(x, fixed)
+        top_i, top_w = self.replayed(x, top_i, top_w, fixed)
+        if self.runs_one_call_per_expert:
+            out = run_experts(x, top_i, top_w, list(self.experts), fixed, expert_order)
+            return out.reshape(shape)
+        by_expert, offsets = group_by_expert(top_i, len(self.experts))
+        results = self.grouped_experts(x[by_expert // self.top_k], offsets, top_i, by_expert)
+        return combine(results, by_expert, top_i, top_w, fixed, expert_order).reshape(shape)

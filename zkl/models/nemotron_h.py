@@ -14,11 +14,11 @@ from torch import nn
 
 from zkl import ops
 from zkl.generation.mamba_cache import HybridCache
-from zkl.invariance import is_enabled
 from zkl.models.causal_lm import CausalLM
 from zkl.models.config import ModelConfig
 from zkl.models.mamba2 import Mamba2Mixer
-from zkl.models.transformer import Attention, Linear, RMSNorm, SparseMoE, init_weights
+from zkl.models.moe import SparseMoE
+from zkl.models.transformer import Attention, Linear, RMSNorm, init_weights
 from zkl.ops.activations import sigmoid
 
 
@@ -45,7 +45,7 @@ class HybridMoE(SparseMoE):
     """Nemotron-H MoE: routed relu^2 experts (SparseMoE's dispatch and combine) + shared expert."""
 
     def __init__(self, cfg: ModelConfig):
-        nn.Module.__init__(self)
+        super().__init__()
         self.top_k = cfg.num_experts_per_tok
         self.norm_topk_prob = cfg.norm_topk_prob
         self.scale = cfg.routed_scaling_factor
@@ -59,9 +59,8 @@ class HybridMoE(SparseMoE):
             cfg.hidden_size, cfg.moe_shared_expert_intermediate_size
         )
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def choose_experts(self, x: torch.Tensor, fixed: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N, H] -> (expert ids [N, k], fp32 weights [N, k]), HF's group-limited top-k."""
-        fixed = is_enabled("moe_combine_order")
         logits = ops.linear(x.float(), self.gate.weight.float(), None)
         scores = sigmoid(logits)  # [N, E]
         choice = scores + self.gate.e_score_correction_bias.float()
@@ -88,7 +87,7 @@ class HybridMoE(SparseMoE):
                 top_w = top_w / (top_w.sum(-1, keepdim=True) + 1e-20)
         return top_i, top_w * self.scale
 
-    def grouped_experts(self, rows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    def grouped_experts(self, rows, offsets, top_i, by_expert) -> torch.Tensor:
         """rows [P, H] grouped per expert at `offsets` -> each row through its relu^2 expert."""
         up = ops.grouped_linear(rows, [e.up_proj.weight for e in self.experts], offsets)
         down = [e.down_proj.weight for e in self.experts]

@@ -12,21 +12,12 @@ import torch
 from torch import nn
 
 from zkl import ops, rng
-from zkl.invariance import is_enabled
 from zkl.models.causal_lm import CausalLM
 from zkl.models.config import ModelConfig, check_positions
 from zkl.models.fused import init_order
-from zkl.models.moe import (
-    combine,
-    fixed_route,
-    group_by_expert,
-    renormalized,
-    router_probs,
-    run_experts,
-    taped_route,
-)
+from zkl.models.moe import SparseMoE, fixed_route, renormalized, router_probs
 from zkl.models.rope import inverse_frequencies
-from zkl.precision import RecipeLinear, linear_weight_and_input, quantizes
+from zkl.precision import RecipeLinear, linear_weight_and_input
 
 
 class Linear(RecipeLinear):
@@ -174,14 +165,11 @@ class MLP(nn.Module):
         return self.down_proj(ops.silu_mul(gate, up))
 
 
-class SparseMoE(nn.Module):
+class Qwen3MoE(SparseMoE):
     """Qwen3-MoE block: softmax router, top-k, renormalised weights, SwiGLU experts.
 
-    The (token, slot) pairs are grouped per expert on the device (`zkl.models.moe`) and the
-    experts run as grouped GEMMs over those groups (`ops.grouped_linear`), so the layer
-    reads nothing back to the host. With `moe_combine_order` the router is fp32, ties go to
-    the lower expert id, and each token adds its experts' outputs in fp32 in top-k slot
-    order; without it, a token adds them in the activation dtype in dispatch order.
+    With `moe_combine_order` the router is fp32 and ties go to the lower expert id
+    (`moe.fixed_route`); without it the router runs in the activation dtype with `topk`.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -193,21 +181,14 @@ class SparseMoE(nn.Module):
             MLP(cfg.hidden_size, cfg.moe_intermediate_size) for _ in range(cfg.num_experts)
         )
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def choose_experts(self, x: torch.Tensor, fixed: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N, H] -> (expert ids [N, k], fp32 weights [N, k])."""
-        if is_enabled("moe_combine_order"):
+        if fixed:
             return fixed_route(x, self.gate.weight, self.top_k, self.norm_topk_prob)
         top_w, top_i = router_probs(x, self.gate.weight, fixed=False).topk(self.top_k, dim=-1)
         return top_i, renormalized(top_w, fixed=False) if self.norm_topk_prob else top_w
 
-    @property
-    def runs_one_call_per_expert(self) -> bool:
-        """Under a quantizing recipe each expert scales its own group's input (a per-tensor
-        scale sees that group alone), so each expert runs as one call: a host read of the
-        group sizes."""
-        return quantizes(self.experts[0])
-
-    def grouped_experts(self, rows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    def grouped_experts(self, rows, offsets, top_i, by_expert) -> torch.Tensor:
         """rows [P, H] grouped per expert at `offsets` -> each row through its expert."""
         experts = self.experts
         fused = ops.grouped_linear(rows, [e.gate_up_proj.weight for e in experts], offsets)
@@ -215,20 +196,6 @@ class SparseMoE(nn.Module):
         return ops.grouped_linear(
             ops.silu_mul(gate, up), [e.down_proj.weight for e in experts], offsets
         )
-
-    def forward(self, x: torch.Tensor, expert_order: list[int] | None = None) -> torch.Tensor:
-        """`expert_order` (tests only) adds the groups in another order, as GPU atomics may."""
-        shape = x.shape
-        x = x.reshape(-1, shape[-1])  # [N, H]
-        fixed = is_enabled("moe_combine_order")
-        top_i, top_w = self.route(x)
-        top_i, top_w = taped_route(x, self.gate.weight, top_i, top_w, self.norm_topk_prob, fixed)
-        if self.runs_one_call_per_expert:
-            out = run_experts(x, top_i, top_w, list(self.experts), fixed, expert_order)
-            return out.reshape(shape)
-        by_expert, offsets = group_by_expert(top_i, len(self.experts))
-        results = self.grouped_experts(x[by_expert // self.top_k], offsets)
-        return combine(results, by_expert, top_i, top_w, fixed, expert_order).reshape(shape)
 
 
 class Block(nn.Module):
@@ -242,7 +209,7 @@ class Block(nn.Module):
     def make_mlp(self, cfg: ModelConfig, layer: int) -> nn.Module:
         """The layer's feed-forward part: Qwen3-MoE's experts where the config says, else MLP."""
         if cfg.layer_is_moe(layer):
-            return SparseMoE(cfg)
+            return Qwen3MoE(cfg)
         return MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
 
     def forward(self, x, delta, positions, rope, cache=None, slots=None):

@@ -20,6 +20,12 @@ class PrecisionConfig:
     native: bool = False  # native MXFP8 GEMMs (Transformer Engine on Blackwell)
 
 
+def quantizes(precision: PrecisionConfig) -> bool:
+    """Whether the recipe fake-quantizes the Linear layers (`precision.linear_quant`), asked of
+    the config before a model exists (`zkl.precision.quantizes` asks a built model)."""
+    return precision.linear_quant != "none"
+
+
 def check(precision: PrecisionConfig, model: Any) -> None:
     """One sentence naming the precision.* key that cannot work, or the `model.*` size that
     MXFP8's 32-element blocks cannot tile."""

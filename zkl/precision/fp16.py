@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from zkl.errors import ConfigError
+from zkl.precision.config import quantizes
 
 INIT_SCALE = 2.0**16
 GROWTH_FACTOR = 2.0
@@ -84,7 +85,7 @@ def fp16_problem(cfg) -> str | None:
     """The one sentence saying why `cfg` cannot run the fp16 recipe, or None."""
     if cfg.precision.compute_dtype != "float16":
         return None
-    if cfg.precision.linear_quant != "none":
+    if quantizes(cfg.precision):
         return (
             f"precision.compute_dtype=float16 cannot run precision.linear_quant="
             f"{cfg.precision.linear_quant} (the MXFP8 and FP8 emulations take bf16 or fp32 "

@@ -128,7 +128,7 @@ def _join_and_run(cfg: ZklConfig, task, run_dir, progress: bool | None) -> list[
 def _run(cfg: ZklConfig, task, run_dir, progress: bool | None, world) -> list[dict[str, Any]]:
     resume = sharded_checkpoint.prepare(cfg, run_dir, world)
     threads.apply(cfg)
-    fixes = invariance.resolve(cfg.zero_train_gen_mismatch, vars(cfg.fixes))
+    fixes = invariance.from_config(cfg)
     rows: list[dict[str, Any]] = read_metrics(run_dir) if resume.step else []
     log = RunLog(run_dir, cfg, wandb_id=resume.wandb_id) if world.is_main else NullLog()
     log.replay_to_wandb(rows)

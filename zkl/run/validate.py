@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from zkl.data.tasks import build_task
-from zkl.device import check_device, generator_device, resolve_device
+from zkl.device import check_device, generator_device, on_cuda, resolve_device
 from zkl.distributed.checks import check_trainer
 from zkl.errors import ConfigError
 from zkl.generation import config as generation_config
@@ -23,6 +23,7 @@ from zkl.memory import check_memory
 from zkl.models.config import check_positions, from_checkpoint, model_named
 from zkl.models.hf_weights_check import check_hf_weights
 from zkl.models.registry import family, validate_model
+from zkl.precision.config import quantizes
 from zkl.precision.fp16 import check_fp16
 from zkl.rl.config import check_treatments
 from zkl.run.checks import check_parts
@@ -39,9 +40,9 @@ def validate(
         validate_model(cfg.model)  # the family's own rules (the registry imports the models)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    on_cuda = _check_device(cfg)
-    _check_backend(cfg, on_cuda)
-    _check_graphs(cfg, on_cuda)
+    _check_device(cfg)
+    _check_backend(cfg)
+    _check_graphs(cfg)
     check_treatments(cfg, replays="route_replay" in family(cfg.model).capabilities)
     check_fp16(cfg)  # the fp16 recipe with the rest of the config
     problem = online_problem(cfg.tracking.wandb)
@@ -60,24 +61,22 @@ def default_positions(cfg: Any) -> int:
     return build_task(cfg).max_prompt_len + cfg.sampling.max_new_tokens
 
 
-def _check_device(cfg: ZklConfig) -> bool:
-    """`device` can run here and the layout can place its generator; whether it is CUDA."""
+def _check_device(cfg: ZklConfig) -> None:
+    """`device` can run here and the layout can place its generator."""
     problem = check_device(cfg.device)
     if problem:
         raise ConfigError(problem)
-    on_cuda = resolve_device(cfg.device).type == "cuda"
     generator_device(cfg)  # raises the sentence for a backend / GPU combination that cannot run
-    if cfg.layout.backend == "cuda_ipc" and not on_cuda:
+    if cfg.layout.backend == "cuda_ipc" and not on_cuda(cfg):
         raise ConfigError("layout.backend=cuda_ipc needs device=cuda; use gloo on the CPU.")
-    if cfg.layout.backend == "gloo" and on_cuda and cfg.layout.name == "dedicated":
+    if cfg.layout.backend == "gloo" and on_cuda(cfg) and cfg.layout.name == "dedicated":
         raise ConfigError(
             "layout.backend=gloo would copy CUDA weights through the host; use "
             "layout.backend=cuda_ipc (or auto) with device=cuda."
         )
-    return on_cuda
 
 
-def _check_backend(cfg: ZklConfig, on_cuda: bool) -> None:
+def _check_backend(cfg: ZklConfig) -> None:
     """`engine.backend` names a model implementation this machine, layout and model can run."""
     backend = cfg.engine.backend
     if backend not in ("native", *ENGINES):
@@ -85,22 +84,21 @@ def _check_backend(cfg: ZklConfig, on_cuda: bool) -> None:
             f"engine.backend={backend!r} is not an engine; use one of {['native', *ENGINES]}."
         )
     problem = engine_problem(
-        backend, cfg.layout.name, on_cuda, cfg.model.family, cfg.precision.linear_quant
+        backend, cfg.layout.name, on_cuda(cfg), cfg.model.family, cfg.precision.linear_quant
     )
     if problem:
         raise ConfigError(problem)
 
 
-def _check_graphs(cfg: ZklConfig, on_cuda: bool) -> None:
+def _check_graphs(cfg: ZklConfig) -> None:
     """`engine.cuda_graphs=on` where the model's decode cannot be captured: refused now, by
     the rule the engine decides with (zkl.generation.graphs), not by its constructor later."""
     if generation_config.graph_setting(cfg.engine.cuda_graphs) != "on":
         return
-    if not on_cuda:
+    if not on_cuda(cfg):
         raise ConfigError("engine.cuda_graphs=on needs device=cuda; use auto or off on the CPU.")
-    quantized = cfg.precision.linear_quant != "none"
     reason = graph_unsupported_reason(
-        cfg.model, resolve_device(cfg.device), quantized, cfg.engine.backend
+        cfg.model, resolve_device(cfg.device), quantizes(cfg.precision), cfg.engine.backend
     )
     if reason:
         raise ConfigError(

@@ -24,6 +24,7 @@ from zkl import environment, invariance
 from zkl.console import say
 from zkl.errors import ConfigError, ForeignRunDir
 from zkl.memory import param_count
+from zkl.precision.config import quantizes
 from zkl.state import checkpoint_file
 from zkl.state.config import CHECKPOINT_FILE
 from zkl.state.resume_logs import trim_logs
@@ -49,13 +50,13 @@ def _check_same_config(cfg: ZklConfig, saved: dict[str, Any]) -> None:
 
 def _check_engine_state_free(cfg: ZklConfig) -> None:
     """Refuse a resume that could not be bitwise: the engine's stale state is not saved."""
-    fixes = invariance.resolve(cfg.zero_train_gen_mismatch, vars(cfg.fixes))
+    fixes = invariance.from_config(cfg)
     if cfg.kv.mode == "persist" and "kv_invalidate_on_refit" not in fixes:
         raise ConfigError(
             "a kv=persist run without fix kv_invalidate_on_refit cannot resume bitwise "
             "(its stale prefix cache is not checkpointed); rerun it from step 0."
         )
-    if cfg.precision.linear_quant != "none" and "quantized_weight_refresh" not in fixes:
+    if quantizes(cfg.precision) and "quantized_weight_refresh" not in fixes:
         raise ConfigError(
             "a quantized run without fix quantized_weight_refresh cannot resume bitwise "
             "(its stale quantized weights are not checkpointed); rerun it from step 0."

@@ -12,9 +12,9 @@ from conftest import SMALL, make_cfg
 from zkl.invariance import FIXES
 from zkl.rl.grpo import group_advantages
 from zkl.rl.loop import TIMING_PREFIXES, run
+from zkl.rl.loss import clipped_pg_loss
 from zkl.tracking.run_log import read_metrics
 from zkl.tracking.wandb_reader import read_history, read_run_info
-from zkl.trainer.loss import clipped_pg_loss
 
 pytestmark = pytest.mark.slow  # whole experiments: `pytest -m "not slow"` skips them
 

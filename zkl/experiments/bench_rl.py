@@ -31,8 +31,9 @@ from zkl.experiments.roofline import copy_bandwidth, decode_bytes
 from zkl.experiments.workload import MODES
 from zkl.generation.engine import GenerationEngine
 from zkl.layouts import build_generator
-from zkl.rl.loop import make_requests, train_step, validate_run
+from zkl.rl.loop import make_requests, train_step
 from zkl.rl.loss import grpo_loss
+from zkl.run.validate import validate_run
 from zkl.trainer.build import build_policy
 from zkl.trainer.policy import Policy
 

@@ -2,7 +2,8 @@
 
 One step: rollout (gen path) -> score (train path) -> mismatch metrics -> rewards ->
 advantages -> corrections -> update -> refit, each one call into the part that owns it. The
-metrics of every step land in the run directory before the next step starts.
+metrics of every step land in the run directory before the next step starts. The config is
+checked where a run is entered (zkl/run/validate.py `check_run`), before this loop starts.
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ import math
 import time
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm import tqdm
 
-from zkl import environment, invariance, threads
+from zkl import invariance, threads
 from zkl.data.rewards import RewardError
 from zkl.data.tasks import build_task
 from zkl.distributed import launch
@@ -30,8 +31,6 @@ from zkl.rl.grpo import group_advantages
 from zkl.rl.loss import grpo_loss
 from zkl.rl.metrics import mismatch_metrics, rollout_metrics, timing_metrics
 from zkl.rl.trained import warn_untrained
-from zkl.run.schema import ZklConfig
-from zkl.run.validate import validate
 from zkl.state import checkpoint, run_lock
 from zkl.state import sharded as sharded_checkpoint
 from zkl.state.resume import prepare as prepare_resume
@@ -39,6 +38,9 @@ from zkl.tracking.run_log import NullLog, RunLog, read_metrics
 from zkl.trainer.build import build_policy
 from zkl.trainer.policy import Policy
 from zkl.trainer.update import UpdateBatch
+
+if TYPE_CHECKING:  # the schema composes the parts; the loop names it only in annotations
+    from zkl.run.schema import ZklConfig
 
 TIMING_PREFIXES = ("timing/", "perf/")
 
@@ -88,26 +90,15 @@ def token_records(
     ]
 
 
-def validate_run(cfg: ZklConfig, task) -> None:
-    """The config check for a run of `task`: its tokenizer and prompt length included."""
-    validate(
-        cfg,
-        vocab_needed=len(task.tokenizer),
-        positions_needed=task.max_prompt_len + cfg.sampling.max_new_tokens,
-    )
-
-
 def run(cfg: ZklConfig, run_dir: str | Path, progress: bool | None = None) -> list[dict[str, Any]]:
     """Run `cfg.rl.steps` GRPO steps; return the metric rows (also in run_dir/metrics.jsonl).
 
-    A resumed run (zkl/state/resume.py) starts at its checkpoint's step; the rows returned
-    include the earlier steps' rows, read back from metrics.jsonl. Once the config is
-    checked, the run holds the run directory's lock (zkl/state/run_lock.py) before it reads or
-    writes anything there.
+    `cfg` is checked already (zkl/run/validate.py `check_run`, by the entry point). A resumed
+    run (zkl/state/resume.py) starts at its checkpoint's step; the rows returned include the
+    earlier steps' rows, read back from metrics.jsonl. The run holds the run directory's lock
+    (zkl/state/run_lock.py) before it reads or writes anything there.
     """
     task = build_task(cfg)
-    validate_run(cfg, task)
-    environment.check(wandb_on=cfg.tracking.wandb.mode != "disabled")
     if not launch.owns_run_dir():  # a rank its spawner (or rank 0) holds the lock for
         return _join_and_run(cfg, task, run_dir, progress)
     with run_lock.held(run_dir):

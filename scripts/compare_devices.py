@@ -19,6 +19,7 @@ from pathlib import Path
 
 from zkl.rl.loop import run
 from zkl.run.compose import compose
+from zkl.run.validate import check_run
 
 
 def _tokens(run_dir: Path) -> dict[tuple[int, int], dict]:
@@ -32,7 +33,9 @@ def compare(overrides: list[str]) -> list[dict]:
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for device in ("cpu", "cuda"):
-            run(compose([*base, f"device={device}"]), Path(tmp) / device)
+            cfg = compose([*base, f"device={device}"])
+            check_run(cfg)
+            run(cfg, Path(tmp) / device)
             out[device] = _tokens(Path(tmp) / device)
     rows = []
     for step in sorted({s for s, _ in out["cpu"]}):

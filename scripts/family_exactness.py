@@ -61,6 +61,7 @@ def overrides(checkpoint: Path, layout: str, kv: str, precision: str, steps: int
 def main() -> None:
     from zkl.rl.loop import run
     from zkl.run.compose import compose
+    from zkl.run.validate import check_run
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", nargs="+", default=["llama", "mistral", "gpt_oss"])
@@ -77,6 +78,7 @@ def main() -> None:
     for (layout, kv, precision), family in itertools.product(MATRIX[args.start :], args.families):
         name = f"{family}_{layout}_{kv}_{precision}"
         cfg = compose(overrides(checkpoints[family], layout, kv, precision, args.steps))
+        check_run(cfg)
         rows = run(cfg, args.out / name)
         diff = max(r["train/max_abs_logprob_diff"] for r in rows)
         kl = max(r["train/gen_kl_error"] for r in rows)

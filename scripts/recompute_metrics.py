@@ -18,9 +18,9 @@ import torch
 import yaml
 
 from zkl.rl.config import CorrectionConfig
+from zkl.rl.correction import correction_weights, diagnostics
 from zkl.rl.metrics import mismatch_metrics
 from zkl.tracking.run_log import METRICS_FILE, TOKENS_FILE
-from zkl.trainer.correction import correction_weights, diagnostics
 
 
 def recompute(run_dir: Path) -> list[str]:

@@ -8,6 +8,8 @@
   (a comment with the word "optional" on its line or the line above); in an entry point it
   may keep torch unloaded until the command line and config are checked (the word "lazy").
 - The core knows nothing of the experiments: nothing under `zkl/run` imports `zkl.experiments`.
+- The algorithm sits between: the trainer imports nothing of `zkl.rl` (it is handed the loss),
+  and `zkl.rl` nothing of `zkl.run` (an entry point checks the config before the loop starts).
 - No module over 400 lines but the Triton kernels.
 - README.md's map of the modules is generated from the tree.
 """
@@ -171,6 +173,13 @@ def test_the_core_run_imports_no_experiment():
     for module in MODULES:
         if module == "zkl.run" or module.startswith("zkl.run."):
             assert not {t for t in graph[module] if t.startswith("zkl.experiments")}, module
+
+
+def test_the_trainer_is_handed_the_algorithm_and_the_loop_a_checked_config():
+    graph = import_graph()
+    for module, targets in graph.items():
+        above = {"zkl.trainer": "zkl.rl", "zkl.rl": "zkl.run"}.get(part(module))
+        assert above is None or above not in {part(t) for t in targets}, module
 
 
 SIZED = {name: p for name, p in MODULES.items() if KERNELS not in p.parents}

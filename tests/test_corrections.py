@@ -11,9 +11,9 @@ from conftest import make_cfg
 
 from zkl.errors import ConfigError
 from zkl.rl.config import CORRECTION_MODES, CorrectionConfig
+from zkl.rl.correction import correction_weights, diagnostics, sequence_weights
+from zkl.rl.loss import clipped_pg_loss
 from zkl.run.validate import validate
-from zkl.trainer.correction import correction_weights, diagnostics, sequence_weights
-from zkl.trainer.loss import clipped_pg_loss
 from zkl.trainer.update import spread
 
 # two responses; log ratios lp_old - lp_beh chosen so each band cuts somewhere

@@ -26,6 +26,7 @@ from test_rl import _without_timing as rows_without_timing
 
 from zkl.errors import ConfigError
 from zkl.rl.loop import run
+from zkl.run.validate import check_run
 from zkl.state.config import CHECKPOINT_FILE
 from zkl.state.sharded import SHARDS_DIR
 from zkl.tracking.run_log import TOKENS_FILE, read_metrics
@@ -113,9 +114,9 @@ def test_sharded_and_dedicated_agree_bitwise(tmp_path):
         (["trainer.world_size=2", "trainer.heartbeat_s=0"], "trainer.heartbeat_s"),
     ],
 )
-def test_refusals_name_the_key(tmp_path, overrides, key):
+def test_refusals_name_the_key(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        run(make_cfg(*BASE, *overrides), tmp_path)
+        check_run(make_cfg(*BASE, *overrides))
 
 
 def test_launcher_world_size_must_match(tmp_path, monkeypatch):

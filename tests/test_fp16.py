@@ -39,12 +39,13 @@ def test_the_scaler_skips_an_overflow_backs_off_and_grows():
 def test_an_overflowing_update_is_skipped_and_the_weights_stay(tmp_path):
     """A loss scale of 2^100 overflows fp16 gradients: no weight moves, the scale halves."""
     from zkl import invariance
+    from zkl.rl.loss import grpo_loss
     from zkl.trainer.build import build_policy
     from zkl.trainer.update import UpdateBatch
 
     cfg = make_cfg("+precision=fp16")
     with invariance.enabled(invariance.from_config(cfg)):
-        policy = build_policy(cfg)
+        policy = build_policy(cfg, grpo_loss(cfg.rl))
         policy.scaler.scale = 2.0**100
         prompts, responses = [[2, 3, 4], [5, 6]], [[7, 8], [9]]
         old = policy.score(prompts, responses, [1.0, 1.0])

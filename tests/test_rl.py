@@ -11,8 +11,8 @@ from conftest import SMALL, make_cfg
 from zkl.invariance import FIXES
 from zkl.rl.grpo import group_advantages
 from zkl.rl.loop import TIMING_PREFIXES, run
+from zkl.rl.loss import clipped_pg_loss
 from zkl.tracking.run_log import read_metrics
-from zkl.trainer.loss import clipped_pg_loss
 
 pytestmark = pytest.mark.slow  # whole experiments: `pytest -m "not slow"` skips them
 

@@ -15,6 +15,7 @@ from zkl.errors import ConfigError
 from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.routes import RouteTape, replay_batch, taping
 from zkl.generation.sampling import SamplingParams
+from zkl.rl.loss import grpo_loss
 from zkl.run.validate import validate
 from zkl.trainer.build import build_policy
 from zkl.trainer.scoring import route_mismatch, score
@@ -63,8 +64,8 @@ def test_routes_are_recorded_compactly_for_every_input_position():
 def test_zero_mode_scoring_and_one_minibatch_update_are_bitwise_unchanged():
     cfg = make_cfg("model=tiny_moe", "rl.routing_replay=true", "rl.num_minibatches=1")
     with invariance.enabled(invariance.from_config(cfg)):
-        plain = build_policy(cfg)
-        replayed = build_policy(cfg)
+        plain = build_policy(cfg, grpo_loss(cfg.rl))
+        replayed = build_policy(cfg, grpo_loss(cfg.rl))
         done = _generate(replayed.model)
         prompts, responses = [c.prompt for c in done], [c.tokens for c in done]
         routes = [c.routes for c in done]

@@ -15,9 +15,8 @@ from conftest import fake_gpus, make_cfg
 from zkl import invariance
 from zkl.errors import ConfigError
 from zkl.generation.graphs import graph_unsupported_reason, graphs_on
-from zkl.rl.loop import run
 from zkl.run.compose import compose
-from zkl.run.validate import validate
+from zkl.run.validate import check_run, validate
 
 REPO = Path(__file__).resolve().parent.parent
 CUDA = torch.device("cuda", 0)
@@ -77,7 +76,7 @@ def test_the_old_engine_key_is_refused_naming_the_new_one():
     ],
 )
 def test_cuda_graphs_on_that_cannot_work_is_refused_before_work(
-    model, precision, extra, reason, one_gpu, tmp_path
+    model, precision, extra, reason, one_gpu
 ):
     cfg = make_cfg(
         f"model={model}",
@@ -92,8 +91,7 @@ def test_cuda_graphs_on_that_cannot_work_is_refused_before_work(
     assert message.startswith(f"engine.cuda_graphs=on cannot work with model={model}: {reason}")
     assert message.endswith("use engine.cuda_graphs=auto or off.") and "\n" not in message
     with pytest.raises(ConfigError, match="engine.cuda_graphs=on cannot work"):
-        run(cfg, tmp_path)  # refused by the config check: no run directory, no model
-    assert not any(tmp_path.iterdir())
+        check_run(cfg)  # the entry's check: refused before any run directory or model
     validate(make_cfg(f"model={model}", "device=cuda"))  # auto: eager decode, no refusal
 
 

@@ -8,6 +8,7 @@ from conftest import SMALL, make_cfg
 
 from zkl import invariance
 from zkl.rl.loop import run
+from zkl.rl.loss import grpo_loss
 from zkl.trainer.build import build_policy
 from zkl.trainer.local import LocalPolicy
 from zkl.trainer.update import UpdateBatch
@@ -62,7 +63,7 @@ def test_update_counts_the_refit_tensors_whose_bits_changed():
     for lr, expect_change in (("1e-3", True), ("1e-12", False)):
         cfg = make_cfg("+precision=bf16", f"rl.lr={lr}", "rl.weight_decay=0.0")
         with invariance.enabled(invariance.from_config(cfg)):
-            policy = build_policy(cfg)
+            policy = build_policy(cfg, grpo_loss(cfg.rl))
             batch = _batch(policy, cfg)
             before = {n: t.clone() for n, t in policy.refit_state().items()}
             stats = policy.update(batch)

@@ -2,7 +2,8 @@
 
 The command line, then each part's keys and the files the config names (`model.checkpoint`,
 a dataset task's) are checked before torch loads (`zkl.cli`, `zkl.run.checks`), so a refused
-run answers at once; the loop is imported after that.
+run answers at once; the loop is imported after that, and starts once the checks that span
+parts and the environment have passed (`zkl.run.validate.check_run`).
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ def experiment(dcfg: DictConfig) -> None:
     # lazy: torch and the loop load once the config has passed its checks (a refusal is quick)
     from zkl.rl.loop import run
     from zkl.run.compose import to_object  # lazy: reads a checkpoint (torch)
+    from zkl.run.validate import check_run  # lazy: builds the task, imports the models
 
-    rows = run(to_object(dcfg), run_dir)
+    cfg = to_object(dcfg)
+    check_run(cfg)  # the checks that span parts, and the environment, before any work
+    rows = run(cfg, run_dir)
     print(summary_line(rows, run_dir))
 
 

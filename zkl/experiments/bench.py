@@ -38,8 +38,9 @@ from zkl.layouts.engine_setup import build_engine
 from zkl.layouts.refit import refit_payload
 from zkl.layouts.transport import BROADCAST
 from zkl.precision import DTYPES
-from zkl.rl.loop import make_requests, validate_run
+from zkl.rl.loop import make_requests
 from zkl.run.compose import to_object
+from zkl.run.validate import validate_run
 from zkl.trainer.build import build_policy
 from zkl.trainer.policy import Policy
 from zkl.trainer.scoring import score

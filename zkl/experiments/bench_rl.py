@@ -31,7 +31,9 @@ from zkl.experiments.roofline import copy_bandwidth, decode_bytes
 from zkl.experiments.workload import MODES
 from zkl.generation.engine import GenerationEngine
 from zkl.layouts import build_generator
-from zkl.rl.loop import make_requests, train_step, validate_run
+from zkl.rl.loop import make_requests, train_step
+from zkl.rl.loss import grpo_loss
+from zkl.run.validate import validate_run
 from zkl.trainer.build import build_policy
 from zkl.trainer.policy import Policy
 
@@ -146,7 +148,7 @@ def step_rows(cfg: Any, shape: str) -> dict[str, object]:
     task = build_task(c)
     out: dict[str, object] = {}
     key = f"rl_step/{shape}"
-    policy = build_policy(c)
+    policy = build_policy(c, grpo_loss(c.rl))
     initial = {k: v.to("cpu", copy=True) if torch.is_tensor(v) else copy.deepcopy(v)
                for k, v in policy.state_dict().items()}  # fmt: skip
     for mode, fixes in MODES.items():

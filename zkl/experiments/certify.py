@@ -19,7 +19,7 @@ from zkl.layouts import build_generator
 from zkl.rl import loop
 from zkl.rl.metrics import mismatch_metrics
 from zkl.rl.trained import untrained_steps
-from zkl.run.validate import validate
+from zkl.run.validate import check_run, validate
 from zkl.trainer.build import build_policy
 from zkl.trainer.scoring import score
 
@@ -51,7 +51,7 @@ def check(cfg: CertRunConfig) -> None:
         longest = max(len(r.prompt) for r in cert_requests(cfg, task, cfg.seed))
         validate(cfg, len(task.tokenizer), longest + 1 + cfg.sampling.max_new_tokens)
     else:
-        loop.validate_run(cfg, task)
+        check_run(cfg)  # the loop's steps start checked, as `python -m zkl` starts them
 
 
 def certify_step0(cfg: CertRunConfig) -> dict[str, Any]:

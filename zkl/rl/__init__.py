@@ -1,2 +1,3 @@
-"""The one GRPO loop every backend and layout runs, with its advantages, validation and the
-mismatch metrics that compare the generator's logprobs with the trainer's."""
+"""The one GRPO loop every backend and layout runs, and the algorithm it runs: advantages, the
+clipped policy-gradient loss the trainer is given, the mismatch corrections, the metrics row,
+validation on held-out problems."""

@@ -1,4 +1,4 @@
-"""GRPO advantages: each sample's reward against its group's (the loss: zkl/trainer/loss.py)."""
+"""GRPO advantages: each sample's reward against its group's (the loss: zkl/rl/loss.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """The one training loop every engine and layout uses.
 
-One step: rollout (gen path) -> score (train path) -> mismatch metrics -> GRPO update ->
-refit. Metrics of every step land in the run directory before the next step starts.
+One step: rollout (gen path) -> score (train path) -> mismatch metrics -> rewards ->
+advantages -> corrections -> update -> refit, each one call into the part that owns it. The
+metrics of every step land in the run directory before the next step starts. The config is
+checked where a run is entered (zkl/run/validate.py `check_run`), before this loop starts.
 """
 
 from __future__ import annotations
@@ -10,34 +12,35 @@ import math
 import time
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm import tqdm
 
-from zkl import environment, invariance, threads
+from zkl import invariance, threads
 from zkl.data.rewards import RewardError
 from zkl.data.tasks import build_task
 from zkl.distributed import launch
 from zkl.errors import NonFinite, RunFault
-from zkl.generation.engine import EngineStats, Request
+from zkl.generation.engine import Completion, EngineStats, Request
 from zkl.generation.sampling import SamplingParams
 from zkl.layouts import build_generator
+from zkl.rl.correction import behavior_logprobs, correction_weights, diagnostics
 from zkl.rl.evaluate import val_due, validate_policy
 from zkl.rl.grpo import group_advantages
-from zkl.rl.metrics import mismatch_metrics
+from zkl.rl.loss import grpo_loss
+from zkl.rl.metrics import mismatch_metrics, rollout_metrics, timing_metrics
 from zkl.rl.trained import warn_untrained
-from zkl.run.schema import ZklConfig
-from zkl.run.validate import validate
 from zkl.state import checkpoint, run_lock
 from zkl.state import sharded as sharded_checkpoint
 from zkl.state.resume import prepare as prepare_resume
 from zkl.tracking.run_log import NullLog, RunLog, read_metrics
 from zkl.trainer.build import build_policy
-from zkl.trainer.correction import behavior_logprobs, correction_weights, diagnostics
 from zkl.trainer.policy import Policy
-from zkl.trainer.scoring import route_mismatch
 from zkl.trainer.update import UpdateBatch
+
+if TYPE_CHECKING:  # the schema composes the parts; the loop names it only in annotations
+    from zkl.run.schema import ZklConfig
 
 TIMING_PREFIXES = ("timing/", "perf/")
 
@@ -64,8 +67,13 @@ def arrival_order(requests: list[Request], group: int) -> list[Request]:
     return sorted(requests, key=lambda r: (r.request_id % group, r.request_id))
 
 
-def token_records(step: int, completions, lp_train, rewards, limit: str) -> list[dict[str, Any]]:
+def token_records(
+    step: int, task, completions: list[Completion], lp_train, rewards, limit: str
+) -> list[dict[str, Any]]:
+    """The first `limit` samples' tokens, logprobs and rewards (`tracking.dump_tokens`), with
+    the decoded texts beside the ids where the task's tokenizer decodes (HF tokenizers)."""
     count = len(completions) if limit == "all" else min(int(limit), len(completions))
+    decoded = getattr(task, "text_fields", None)
     return [
         {
             "step": step,
@@ -76,31 +84,21 @@ def token_records(step: int, completions, lp_train, rewards, limit: str) -> list
             "lp_sampled": c.lp_sampled.tolist(),
             "lp_train": lp.tolist(),
             "reward": r,
+            **(decoded(c.prompt, c.tokens) if decoded else {}),
         }
         for c, lp, r in zip(completions[:count], lp_train[:count], rewards[:count])
     ]
 
 
-def validate_run(cfg: ZklConfig, task) -> None:
-    """The config check for a run of `task`: its tokenizer and prompt length included."""
-    validate(
-        cfg,
-        vocab_needed=len(task.tokenizer),
-        positions_needed=task.max_prompt_len + cfg.sampling.max_new_tokens,
-    )
-
-
 def run(cfg: ZklConfig, run_dir: str | Path, progress: bool | None = None) -> list[dict[str, Any]]:
     """Run `cfg.rl.steps` GRPO steps; return the metric rows (also in run_dir/metrics.jsonl).
 
-    A resumed run (zkl/state/resume.py) starts at its checkpoint's step; the rows returned
-    include the earlier steps' rows, read back from metrics.jsonl. Once the config is
-    checked, the run holds the run directory's lock (zkl/state/run_lock.py) before it reads or
-    writes anything there.
+    `cfg` is checked already (zkl/run/validate.py `check_run`, by the entry point). A resumed
+    run (zkl/state/resume.py) starts at its checkpoint's step; the rows returned include the
+    earlier steps' rows, read back from metrics.jsonl. The run holds the run directory's lock
+    (zkl/state/run_lock.py) before it reads or writes anything there.
     """
     task = build_task(cfg)
-    validate_run(cfg, task)
-    environment.check(wandb_on=cfg.tracking.wandb.mode != "disabled")
     if not launch.owns_run_dir():  # a rank its spawner (or rank 0) holds the lock for
         return _join_and_run(cfg, task, run_dir, progress)
     with run_lock.held(run_dir):
@@ -135,7 +133,7 @@ def _run(cfg: ZklConfig, task, run_dir, progress: bool | None, world) -> list[di
     generator = None
     try:
         with invariance.enabled(fixes):
-            policy = build_policy(cfg)
+            policy = build_policy(cfg, grpo_loss(cfg.rl))
             checkpoint.restore(resume, policy)
             generator = build_generator(cfg, policy, task.tokenizer.eos_id, run_dir)
             generator.refit(policy.refit_state(), policy.version)
@@ -179,89 +177,80 @@ def validate_step(cfg: ZklConfig, task, generator, step: int) -> dict[str, Any]:
 def train_step(
     cfg: ZklConfig, task, policy: Policy, generator, step: int, log: RunLog, extra=None
 ) -> dict:
-    """rollout -> score -> metrics -> update -> refit, logged (with `extra`) before returning.
+    """rollout -> score -> rewards -> advantages -> corrections -> update -> refit, logged
+    (with `extra`) before returning.
 
     Each part is asked once: the generator for completions, the trainer (`policy`) for the
     train path's logprobs, then for an update (its statistics include how many refit tensors
     changed), then for its refit state, which the generator receives.
     """
-    world = policy.world  # above one rank: each generates and scores its share, then gathers
+    group = cfg.rl.samples_per_prompt
     problems, requests = make_requests(cfg, task, step)
-    t0 = time.perf_counter()
-    mine = world.share(requests)
-    completions, stats = generator.generate(arrival_order(mine, cfg.rl.samples_per_prompt))
-    completions.sort(key=lambda c: c.request_id)  # back to request order: groups of G
-    completions, stats = world.gather(completions), sum_stats(world.gather([stats]))
-    t1 = time.perf_counter()
+    marks = [time.perf_counter()]  # the clock before and after each part (timing/*)
+    completions, stats = rollout(policy.world, generator, requests, group)
+    marks.append(time.perf_counter())
     prompts = [c.prompt for c in completions]
     responses = [c.tokens for c in completions]
     temps = [r.params.temperature for r in requests]
-    routes = [c.routes for c in completions] if cfg.rl.routing_replay else None
-    lp_train = policy.score(prompts, responses, temps, routes)
-    t2 = time.perf_counter()
+    routes = [c.routes for c in completions] if cfg.rl.records_routes else None
+    replayed = routes if cfg.rl.routing_replay else None
+    lp_train = policy.score(prompts, responses, temps, replayed)
+    marks.append(time.perf_counter())
     lp_gen = torch.cat([c.logprobs for c in completions])
     lp_train_flat = torch.cat(lp_train)
-    row: dict[str, Any] = {"step": step, **mismatch_metrics(lp_train_flat, lp_gen)}
-    row.update(extra or {})
-    group = cfg.rl.samples_per_prompt
-    try:
-        rewards = [task.reward(problems[i // group], c.tokens) for i, c in enumerate(completions)]
-    except RewardError as err:  # the rollout's mismatch metrics are logged, no update is made
-        log.log(step, row)
-        raise RewardError(
-            f"step {step}: {err}; the step is logged, no update was made. Fix the function "
-            "or choose another task.reward."
-        ) from None
+    row: dict[str, Any] = {"step": step, **mismatch_metrics(lp_train_flat, lp_gen), **(extra or {})}
+    rewards = step_rewards(task, problems, completions, group, step, log, row)
     reward_t = torch.tensor(rewards)
     advantages = group_advantages(reward_t, group)
     lp_behavior = behavior_logprobs(completions, cfg.rl.correction.behavior)
     weights = correction_weights(lp_train, lp_behavior, cfg.rl.correction)
     row.update(diagnostics(lp_train, lp_behavior, weights))
-    batch = UpdateBatch(prompts, responses, lp_train, advantages, temps, weights, routes)
-    if cfg.rl.records_routes:  # before the update moves the router
-        recorded = [c.routes for c in completions]
-        row.update(route_mismatch(policy.model, prompts, responses, recorded, policy.device))
+    if routes is not None:  # before the update moves the router
+        row.update(policy.route_mismatch(prompts, responses, routes))
+    batch = UpdateBatch(prompts, responses, lp_train, advantages, temps, weights, replayed)
     row.update(policy.update(batch))
-    t3 = time.perf_counter()
+    marks.append(time.perf_counter())
     generator.refit(policy.refit_state(), policy.version)
-    t4 = time.perf_counter()
-    num_tokens = lp_gen.numel()
+    marks.append(time.perf_counter())
     train_tokens = sum(len(p) + len(r) for p, r in zip(prompts, responses))
-    row.update(
-        {
-            "reward/mean": reward_t.mean().item(),
-            "reward/exact_frac": (reward_t == 1.0).float().mean().item(),
-            "gen/response_len_mean": num_tokens / len(completions),
-            "gen/response_tokens": num_tokens,
-            "gen/decode_steps": stats.decode_steps,
-            "gen/prefix_hit_tokens": stats.prefix_hit_tokens,
-            "gen/ragged_prefills": stats.ragged_prefills,
-            "gen/joined_running": stats.joined_running,
-            "gen/weight_version": min(c.weight_version for c in completions),
-            "rl/zero_adv_frac": (advantages == 0).float().mean().item(),
-            "timing/gen_s": t1 - t0,
-            "timing/score_s": t2 - t1,
-            "timing/update_s": t3 - t2,
-            "timing/refit_s": t4 - t3,
-            "perf/gen_tokens_per_s": num_tokens / (t1 - t0),
-            "perf/train_tokens_per_s": train_tokens / (t2 - t1),
-        }
-    )
+    row.update(rollout_metrics(completions, stats, reward_t, advantages))
+    row.update(timing_metrics(marks, lp_gen.numel(), train_tokens))
     if policy.device.type == "cuda":
         row["perf/peak_gpu_mem_gb"] = torch.cuda.max_memory_allocated(policy.device) / 2**30
-    records = token_records(step, completions, lp_train, rewards, cfg.tracking.dump_tokens)
-    if hasattr(task, "text_fields"):  # decoded texts beside the ids (HF tokenizers)
-        for record in records:
-            record.update(task.text_fields(record["prompt"], record["response"]))
+    records = token_records(step, task, completions, lp_train, rewards, cfg.tracking.dump_tokens)
     log.log(step, row, records)  # the records first, the row as the step's commit
     check_finite(cfg, step, lp_gen, lp_train_flat, row)
     return row
 
 
+def rollout(
+    world, generator, requests: list[Request], group: int
+) -> tuple[list[Completion], EngineStats]:
+    """This rank's share of `requests` generated in arrival order, every rank's completions
+    gathered back in request order (groups of `group`), and the ranks' engine counters."""
+    completions, stats = generator.generate(arrival_order(world.share(requests), group))
+    completions.sort(key=lambda c: c.request_id)
+    return world.gather(completions), sum_stats(world.gather([stats]))
+
+
+def step_rewards(
+    task, problems: list, completions: list[Completion], group: int, step: int, log, row: dict
+) -> list[float]:
+    """Each completion's reward for its prompt's problem. A reward function that fails stops
+    the run with one sentence after the step's rollout metrics (`row`) are logged; no update
+    is made."""
+    try:
+        return [task.reward(problems[i // group], c.tokens) for i, c in enumerate(completions)]
+    except RewardError as err:
+        log.log(step, row)
+        raise RewardError(
+            f"step {step}: {err}; the step is logged, no update was made. Fix the function "
+            "or choose another task.reward."
+        ) from None
+
+
 def sum_stats(parts: list[EngineStats]) -> EngineStats:
     """The ranks' engine counters added up (one engine's own at world size 1)."""
-    if len(parts) == 1:
-        return parts[0]
     return EngineStats(**{f.name: sum(getattr(p, f.name) for p in parts) for f in fields(parts[0])})
 
 

@@ -1,14 +1,22 @@
-"""Train/generation mismatch metrics (docs/design.md section 2), with NeMo-RL's names.
+"""The metrics row of a step: the train/generation mismatch, the rollout, the clock.
 
-Inputs are the per-token logprobs of the sampled response tokens: `lp_gen` from the
-generation engine, `lp_train` from the train path; `r = lp_train - lp_gen`. Every mean is
-token-weighted over the step. Computed in float64 from the fp32 logprobs, so an exact
-match gives exactly the perfect value of every metric.
+Mismatch metrics (docs/design.md section 2) carry NeMo-RL's names. Their inputs are the
+per-token logprobs of the sampled response tokens: `lp_gen` from the generation engine,
+`lp_train` from the train path; `r = lp_train - lp_gen`. Every mean is token-weighted over
+the step. Computed in float64 from the fp32 logprobs, so an exact match gives exactly the
+perfect value of every metric. The corrections' diagnostics are zkl/rl/correction.py's, the
+update's statistics the trainer's.
 """
 
 from __future__ import annotations
 
+from itertools import pairwise
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:  # annotations only
+    from zkl.generation.engine import Completion, EngineStats
 
 PREFIX = "train/"
 
@@ -37,4 +45,41 @@ def mismatch_metrics(lp_train: torch.Tensor, lp_gen: torch.Tensor) -> dict[str, 
         f"{PREFIX}sampling_importance_ratio": torch.exp(r).mean().item(),
         f"{PREFIX}max_abs_logprob_diff": r.abs().max().item(),
         f"{PREFIX}bitwise_equal_frac": (lp_train == lp_gen).double().mean().item(),
+    }
+
+
+def rollout_metrics(
+    completions: list[Completion],
+    stats: EngineStats,
+    rewards: torch.Tensor,
+    advantages: torch.Tensor,
+) -> dict[str, float]:
+    """The rollout's rewards [N], the generator's schedule and the weights it sampled with."""
+    num_tokens = sum(c.logprobs.numel() for c in completions)
+    return {
+        "reward/mean": rewards.mean().item(),
+        "reward/exact_frac": (rewards == 1.0).float().mean().item(),
+        "gen/response_len_mean": num_tokens / len(completions),
+        "gen/response_tokens": num_tokens,
+        "gen/decode_steps": stats.decode_steps,
+        "gen/prefix_hit_tokens": stats.prefix_hit_tokens,
+        "gen/ragged_prefills": stats.ragged_prefills,
+        "gen/joined_running": stats.joined_running,
+        "gen/weight_version": min(c.weight_version for c in completions),
+        "rl/zero_adv_frac": (advantages == 0).float().mean().item(),
+    }
+
+
+def timing_metrics(marks: list[float], num_tokens: int, train_tokens: int) -> dict[str, float]:
+    """Seconds of each part of a step from its five clock `marks` (before generation, after
+    it, after scoring, after the update, after the refit) and the tokens per second of the
+    generator (`num_tokens` sampled) and of scoring (`train_tokens`, prompts included)."""
+    gen_s, score_s, update_s, refit_s = (b - a for a, b in pairwise(marks))
+    return {
+        "timing/gen_s": gen_s,
+        "timing/score_s": score_s,
+        "timing/update_s": update_s,
+        "timing/refit_s": refit_s,
+        "perf/gen_tokens_per_s": num_tokens / gen_s,
+        "perf/train_tokens_per_s": train_tokens / score_s,
     }

@@ -4,13 +4,16 @@ Each part checks its own keys (its `check` beside its config dataclass); `zkl.ru
 runs them in turn (without torch, so an entry point runs them first), then this module runs
 the checks that span parts: the device with the layout, the engine backend with the machine,
 CUDA graphs with the model, vocabulary and positions with the task, the weights with
-`model.checkpoint`, and the memory the whole run needs.
+`model.checkpoint`, and the memory the whole run needs. An entry point calls `check_run`
+(or `validate_run` for a task it built) before it starts the loop (zkl/rl/loop.py), which
+checks nothing itself.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from zkl import environment
 from zkl.data.tasks import build_task
 from zkl.device import check_device, generator_device, on_cuda, resolve_device
 from zkl.distributed.checks import check_trainer
@@ -54,6 +57,22 @@ def validate(
     if cfg.model.checkpoint:
         check_hf_weights(cfg.model)
     check_memory(cfg, positions_needed)
+
+
+def validate_run(cfg: ZklConfig, task: Any) -> None:
+    """The config check for a run of `task`: its tokenizer and prompt length included."""
+    validate(
+        cfg,
+        vocab_needed=len(task.tokenizer),
+        positions_needed=task.max_prompt_len + cfg.sampling.max_new_tokens,
+    )
+
+
+def check_run(cfg: ZklConfig) -> None:
+    """Every refusal a training run of `cfg` meets before any work: the config with its task
+    (`validate_run`), then the environment variables the run reads (zkl/environment.py)."""
+    validate_run(cfg, build_task(cfg))
+    environment.check(wandb_on=cfg.tracking.wandb.mode != "disabled")
 
 
 def default_positions(cfg: Any) -> int:

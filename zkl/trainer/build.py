@@ -6,9 +6,12 @@ from zkl import distributed
 from zkl.trainer.local import LocalPolicy
 from zkl.trainer.policy import Policy
 from zkl.trainer.sharded import ShardedPolicy
+from zkl.trainer.update import LossFn
 
 
-def build_policy(cfg) -> Policy:
+def build_policy(cfg, loss_fn: LossFn | None = None) -> Policy:
     """FSDP2's sharded policy when this process is a sharded trainer's rank
-    (zkl/distributed/__init__.py `init`), else the single-process one."""
-    return ShardedPolicy(cfg) if distributed.current().sharded else LocalPolicy(cfg)
+    (zkl/distributed/__init__.py `init`), else the single-process one; its updates minimize
+    `loss_fn` (zkl/rl/loss.py), a policy that only scores needs none."""
+    policy = ShardedPolicy if distributed.current().sharded else LocalPolicy
+    return policy(cfg, loss_fn)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from zkl.trainer.policy import Policy
-from zkl.trainer.update import UpdateBatch
+from zkl.trainer.update import LossFn, UpdateBatch
 
 
 class InPlace:
@@ -58,8 +58,8 @@ class FP32Masters(InPlace):
 class LocalPolicy(Policy):
     """One process owns the whole model; `masters` says what AdamW steps."""
 
-    def __init__(self, cfg) -> None:
-        super().__init__(cfg)
+    def __init__(self, cfg, loss_fn: LossFn | None = None) -> None:
+        super().__init__(cfg, loss_fn)
         self.params = list(self.model.parameters())
         self.masters = (FP32Masters if self.use_master else InPlace)(self.params)
         self.optimizer = self._adamw(self.masters.tensors)

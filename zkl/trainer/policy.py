@@ -1,5 +1,7 @@
 """The trainer's side: the policy model, its optimizer, and the update loop both modes share.
 
+The update minimizes the loss the policy is given (`loss_fn`, zkl/rl/loss.py for GRPO's), as
+torchtitan's trainer takes its TrainSpec's: the algorithm owns its math, the trainer the steps.
 Two policies fill in what differs (zkl/trainer/build.py picks one): `LocalPolicy`
 (zkl/trainer/local.py), one process that owns the whole model, and `ShardedPolicy`
 (zkl/trainer/sharded.py), FSDP2's shards with the refit weights all-gathered.
@@ -21,9 +23,9 @@ from zkl.generation.routes import taping
 from zkl.models.hf_weights_check import warn_random_weights
 from zkl.precision import DTYPES
 from zkl.precision.fp16 import DynamicLossScaler
-from zkl.trainer.loss import clipped_pg_loss
-from zkl.trainer.scoring import replay_tape, score, sequence_logprobs
+from zkl.trainer.scoring import replay_tape, route_mismatch, score, sequence_logprobs
 from zkl.trainer.update import (
+    LossFn,
     UpdateBatch,
     minibatch,
     minibatch_edges,
@@ -38,13 +40,15 @@ class Policy(abc.ABC):
 
     A subclass sets up `params` (what the backward fills) and `optimizer`, and says how a
     step, a minibatch share, the refit weights and the state dict look in its mode.
+    `loss_fn`: what `update` minimizes; a policy that only scores needs none.
     """
 
     params: list[torch.nn.Parameter]
     optimizer: torch.optim.Optimizer
 
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg, loss_fn: LossFn | None = None) -> None:
         self.cfg = cfg
+        self.loss_fn = loss_fn
         self.compute_dtype = DTYPES[cfg.precision.compute_dtype]
         self.device = resolve_device(cfg.device)
         warn_random_weights(cfg.model)
@@ -122,8 +126,16 @@ class Policy(abc.ABC):
         mine = score(self.model, *shares, size, device=self.device, routes=routes)
         return world.gather(mine)
 
+    def route_mismatch(
+        self, prompts: list[list[int]], responses: list[list[int]], routes: list[torch.Tensor]
+    ) -> dict[str, float]:
+        """The `routing/*` shares of the trainer's own routes that differ from the generator's
+        `routes` (zkl/trainer/scoring.py `route_mismatch`), in a forward of their own: the
+        scoring forward replays the routes, so its later layers see other inputs."""
+        return route_mismatch(self.model, prompts, responses, routes, self.device)
+
     def update(self, batch: UpdateBatch) -> dict[str, float]:
-        """One optimizer step per minibatch on the clipped PG loss.
+        """One optimizer step per minibatch on the policy's `loss_fn`.
 
         Returns the statistics (`update_stats`), the new `weights/version` and
         `weights/changed_tensors`: how many of the tensors a refit sends changed bits.
@@ -139,13 +151,13 @@ class Policy(abc.ABC):
                 p.grad = None
             (loss if self.scaler is None else self.scaler.scale_loss(loss)).backward()
             grad_norm, update_sq = self._step(update_sq)
-            losses.append([loss.item(), loss_stats["loss/clip_frac"],
-                           loss_stats["loss/ratio_mean"]])  # fmt: skip
+            losses.append([loss.item(), *loss_stats.values()])
             grad_norms.append(grad_norm)
         self.version += 1
+        names, width = list(loss_stats), 1 + len(loss_stats)
         totals = self.world.sum([x for row in losses for x in row] + [float(update_sq)])
-        per = [totals[3 * i : 3 * i + 3] for i in range(len(losses))]
-        stats = update_stats(per, grad_norms, totals[-1])
+        per = [totals[width * i : width * (i + 1)] for i in range(len(losses))]
+        stats = update_stats(names, per, grad_norms, totals[-1])
         stats["weights/version"] = self.version
         if self.scaler is not None:
             stats["optim/loss_scale"] = self.scaler.scale
@@ -154,8 +166,8 @@ class Policy(abc.ABC):
         return stats
 
     def _loss(self, batch: UpdateBatch, lo: int, hi: int):
-        """The clipped PG loss of this rank's share of minibatch lo..hi, and its stats."""
-        rl = self.cfg.rl
+        """The loss of this rank's share of minibatch lo..hi, and its stats."""
+        assert self.loss_fn is not None, "a policy built without a loss_fn only scores"
         lo, hi, num_tokens = self._share(batch, lo, hi)
         tokens, mask, old, temps, advantages = minibatch(batch, lo, hi, self.device)
         with taping(replay_tape(batch.routes, lo, hi, tokens.shape[1])):
@@ -165,6 +177,12 @@ class Policy(abc.ABC):
             with torch.no_grad():
                 ref = sequence_logprobs(self.reference, tokens, temps)
         weights = minibatch_weights(batch, lo, hi, mask)
-        return clipped_pg_loss(
-            logprobs, old, advantages, mask, rl.clip_eps, ref, rl.kl_coef, num_tokens, weights
+        return self.loss_fn(
+            logprobs,
+            old,
+            advantages,
+            mask,
+            ref_logprobs=ref,
+            num_tokens=num_tokens,
+            weights=weights,
         )

@@ -10,13 +10,13 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from zkl import distributed
 from zkl.distributed import fsdp
 from zkl.trainer.policy import Policy
-from zkl.trainer.update import UpdateBatch
+from zkl.trainer.update import LossFn, UpdateBatch
 from zkl.trainer.weights import GatheredWeights
 
 
 class ShardedPolicy(Policy):
-    def __init__(self, cfg) -> None:
-        super().__init__(cfg)
+    def __init__(self, cfg, loss_fn: LossFn | None = None) -> None:
+        super().__init__(cfg, loss_fn)
         self.forward_dtypes = {n: p.dtype for n, p in self.model.named_parameters()}
         offload = cfg.trainer.offload
         self.replicated = fsdp.shard_model(self.model, self.use_master, self.device, offload)

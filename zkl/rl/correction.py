@@ -48,21 +48,21 @@ def sequence_weights(lp_old: torch.Tensor, lp_beh: torch.Tensor, cfg) -> torch.T
     return weight.float()
 
 
+BEHAVIOR_FIELDS = {"raw": "logprobs", "sampled": "lp_sampled"}  # rl.correction.behavior
+
+
 def behavior_logprobs(completions, behavior: str) -> list[torch.Tensor]:
     """The generator's logprob each ratio divides by: `raw` (what it reports, `lp_gen`) or
     `sampled` (of the filtered distribution the token was drawn from, `lp_sampled`)."""
-    if behavior == "sampled":
-        return [c.lp_sampled for c in completions]
-    return [c.logprobs for c in completions]
+    return [getattr(c, BEHAVIOR_FIELDS[behavior]) for c in completions]
 
 
 def correction_weights(
     lp_old: list[torch.Tensor], lp_beh: list[torch.Tensor], cfg
 ) -> list[torch.Tensor] | None:
     """Every response's weights [T_i], or None for `mode=none` (the loss is left as it is)."""
-    if cfg.mode == "none":
-        return None
-    return [sequence_weights(o, b, cfg) for o, b in zip(lp_old, lp_beh, strict=True)]
+    pairs = zip(lp_old, lp_beh, strict=True)
+    return None if cfg.mode == "none" else [sequence_weights(o, b, cfg) for o, b in pairs]
 
 
 def diagnostics(

@@ -1,8 +1,17 @@
-"""The GRPO update's loss: NeMo-RL's clipped policy-gradient surrogate, token-mean."""
+"""The GRPO update's loss: NeMo-RL's clipped policy-gradient surrogate, token-mean.
+
+The trainer's update calls the loss it is given (`grpo_loss`), as torchtitan's trainer calls
+its TrainSpec's `loss_fn`: the algorithm's math lives here, the optimizer steps there.
+"""
 
 from __future__ import annotations
 
+import functools
+
 import torch
+
+from zkl.rl.config import RLConfig
+from zkl.trainer.update import LossFn
 
 
 def clipped_pg_loss(
@@ -22,7 +31,7 @@ def clipped_pg_loss(
     `advantages` [B] broadcast over each sequence's tokens. Optional k3 KL penalty against
     `ref_logprobs`. `num_tokens`: the mean's denominator when these rows are one rank's
     share of a minibatch (the minibatch's token count; the ranks' losses then sum to it).
-    `weights` [B, T]: the mismatch correction's per-token factors (zkl/trainer/correction.py)
+    `weights` [B, T]: the mismatch correction's per-token factors (zkl/rl/correction.py)
     on the policy-gradient term, detached; a dropped token keeps its place in the mean.
     """
     ratio = torch.exp(logprobs - old_logprobs)
@@ -41,3 +50,9 @@ def clipped_pg_loss(
         "loss/clip_frac": (clipped.sum() / num_tokens).item(),
         "loss/ratio_mean": ((ratio * mask).sum() / num_tokens).item(),
     }
+
+
+def grpo_loss(rl: RLConfig) -> LossFn:
+    """The loss the update minimizes: `clipped_pg_loss` with the run's `rl.clip_eps` and
+    `rl.kl_coef`."""
+    return functools.partial(clipped_pg_loss, clip_eps=rl.clip_eps, kl_coef=rl.kl_coef)

@@ -20,8 +20,8 @@ import json
 import torch
 
 from zkl import invariance, ops
-from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.sampling import SamplingParams
+from zkl.generation.scheduler import Request, Scheduler
 from zkl.models import build_model
 from zkl.precision import DTYPES
 from zkl.run.compose import compose
@@ -91,13 +91,13 @@ class Tracer:
             setattr(ops, name, fn)
 
 
-def engine_with_tracer(
+def scheduler_with_tracer(
     model, batch: int, tracer: Tracer | None, target: int | None, at_pos: int | None = None
 ):
-    engine = GenerationEngine(model, max_batch_size=batch, eos_id=None, cuda_graphs="off")
+    scheduler = Scheduler(model, max_batch_size=batch, eos_id=None, cuda_graphs="off")
     if tracer is None:
-        return engine
-    prefill, decode = engine._prefill, engine._decode
+        return scheduler
+    prefill, decode = scheduler._prefill, scheduler._decode
 
     def traced_prefill(cache, state, admitted, *args):
         for slot, request in admitted:
@@ -115,8 +115,8 @@ def engine_with_tracer(
         finally:
             tracer.row = None
 
-    engine._prefill, engine._decode = traced_prefill, traced_decode
-    return engine
+    scheduler._prefill, scheduler._decode = traced_prefill, traced_decode
+    return scheduler
 
 
 def first_difference(a, b, per_step: int | None = None) -> dict | None:
@@ -177,10 +177,10 @@ def main() -> None:
             cfg.seed,
             args.device,
         )
-        batched = engine_with_tracer(model, args.batch, None, None).generate(requests)
+        batched = scheduler_with_tracer(model, args.batch, None, None).generate(requests)
         batched.sort(key=lambda c: c.request_id)
-        solo_engine = engine_with_tracer(model, 1, None, None)
-        solo = [solo_engine.generate([r])[0] for r in requests[: args.solo]]
+        solo_scheduler = scheduler_with_tracer(model, 1, None, None)
+        solo = [solo_scheduler.generate([r])[0] for r in requests[: args.solo]]
         train = score(model, prompts, [c.tokens for c in batched], [1.0] * len(prompts))
         report = []
         for i, c in enumerate(batched):
@@ -214,7 +214,7 @@ def main() -> None:
                 tracer = Tracer()
                 tracer.install()
                 try:
-                    engine_with_tracer(model, batch, tracer, target).generate(reqs)
+                    scheduler_with_tracer(model, batch, tracer, target).generate(reqs)
                 finally:
                     tracer.uninstall()
                 traces.append(tracer.calls)
@@ -233,7 +233,7 @@ def main() -> None:
         tracer = Tracer()
         tracer.install()
         try:
-            engine_with_tracer(model, args.batch, tracer, target, at_pos=pos).generate(requests)
+            scheduler_with_tracer(model, args.batch, tracer, target, at_pos=pos).generate(requests)
         finally:
             tracer.uninstall()
         traces.append(tracer.calls)

@@ -71,7 +71,7 @@ def test_the_estimate_keeps_one_layer_of_activations():
 
 
 def test_the_estimate_prefills_prompts_a_chunk_at_a_time():
-    """The engine's prefill forward holds each row's prompt (at most `engine.prefill_chunk`
+    """The scheduler's prefill forward holds each row's prompt (at most `engine.prefill_chunk`
     tokens of it), not the response's positions too."""
     base = ["model=qwen2_5_1_5b", "task.name=residue", "engine.max_batch_size=64"]
     prompt, response = 4096, 4096

@@ -124,7 +124,7 @@ def is_config(module: str) -> bool:
 
 
 def part(module: str) -> str:
-    """`zkl.generation.engine` -> `zkl.generation`; a config leaf is a node of its own."""
+    """`zkl.generation.scheduler` -> `zkl.generation`; a config leaf is a node of its own."""
     return module if is_config(module) else ".".join(module.split(".")[:2])
 
 

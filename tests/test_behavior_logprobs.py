@@ -9,8 +9,8 @@ import torch
 from conftest import SMALL, make_cfg, small_model
 
 from zkl import invariance
-from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.sampling import SamplingParams
+from zkl.generation.scheduler import Request, Scheduler
 from zkl.rl.loop import run
 
 ALL = invariance.FIXES
@@ -28,8 +28,8 @@ def _requests(top_k: int, top_p: float, n: int = 6) -> list[Request]:
 
 def _generate(model, requests, fixes=ALL):
     with invariance.enabled(fixes):
-        engine = GenerationEngine(model, max_batch_size=4, eos_id=1)
-        return engine.generate(requests)
+        scheduler = Scheduler(model, max_batch_size=4, eos_id=1)
+        return scheduler.generate(requests)
 
 
 def filtered_logprob(

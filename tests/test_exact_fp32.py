@@ -1,6 +1,6 @@
 """Zero mode in fp32 on the CPU (a stricter oracle than bf16, whose rounding hides order
 differences) at widths whose activations are not whole vector registers: every schedule of
-the engine and every scoring micro-batch give the same logprobs, bit for bit.
+the scheduler and every scoring micro-batch give the same logprobs, bit for bit.
 
 gpt-oss at issue 45's widths (hidden 48, experts of 40, 6 query / 2 kv heads, 5 experts
 top-3, window 6 on layers 0 and 2, shorter than every prompt, sinks, YaRN): batch 1, 3 and
@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from test_hf_peer import randomize_
 
 from zkl import invariance
-from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.sampling import SamplingParams
+from zkl.generation.scheduler import Request, Scheduler
 from zkl.models import ModelConfig, build_model
 from zkl.ops import activations
 from zkl.trainer.scoring import score
@@ -91,14 +91,14 @@ def _runs(model) -> list[tuple[list[list[int]], torch.Tensor]]:
     requests, runs = _requests(), []
     with invariance.enabled(invariance.FIXES), torch.no_grad():
         for batch, chunk, kv in SCHEDULES:
-            engine = GenerationEngine(
+            scheduler = Scheduler(
                 model, max_batch_size=batch, eos_id=None, kv_mode=kv, prefill_chunk=chunk
             )
             for _ in range(2 if kv == "persist" else 1):
-                done = sorted(engine.generate(requests), key=lambda c: c.request_id)
+                done = sorted(scheduler.generate(requests), key=lambda c: c.request_id)
                 runs.append(([c.tokens for c in done], torch.cat([c.logprobs for c in done])))
             if kv == "persist":
-                assert engine.stats.prefix_hit_tokens > 0
+                assert scheduler.stats.prefix_hit_tokens > 0
         prompts, tokens = [r.prompt for r in requests], runs[0][0]
         for micro in MICRO_BATCHES:
             runs.append((tokens, torch.cat(score(model, prompts, tokens, None, micro))))

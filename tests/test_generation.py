@@ -1,4 +1,4 @@
-"""The generation engine: continuous batching, sampling, prefix cache, the logprob path."""
+"""The scheduler: continuous batching, sampling, prefix cache, the logprob path."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import torch
 from conftest import small_model
 
 from zkl import invariance
-from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.sampling import SamplingParams, processed_logits, sample
+from zkl.generation.scheduler import Request, Scheduler
 from zkl.trainer.scoring import score
 
 ALL = invariance.FIXES
@@ -29,9 +29,9 @@ def _requests(n: int, seed: int = 0, max_new: int = 7, temperature: float = 1.0)
     return out
 
 
-def _generate(model, requests, **engine_kwargs):
-    engine = GenerationEngine(model, eos_id=1, **{"max_batch_size": 4, **engine_kwargs})
-    return engine, engine.generate(requests)
+def _generate(model, requests, **scheduler_kwargs):
+    scheduler = Scheduler(model, eos_id=1, **{"max_batch_size": 4, **scheduler_kwargs})
+    return scheduler, scheduler.generate(requests)
 
 
 def test_batch_one_equals_batch_n_and_scoring():
@@ -53,12 +53,12 @@ def test_continuous_batching_changes_composition():
     requests = _requests(6)
     requests[0] = Request(0, requests[0].prompt, SamplingParams(max_new_tokens=2, seed=1))
     with invariance.enabled(ALL):
-        engine, done = _generate(model, requests, max_batch_size=3)
+        scheduler, done = _generate(model, requests, max_batch_size=3)
     assert [c.request_id for c in done] == list(range(6))
     assert len(done[0].tokens) <= 2
     total = sum(len(c.tokens) for c in done)
     # every decode step served several requests, and fewer steps than tokens were needed
-    assert engine.stats.decode_steps < total
+    assert scheduler.stats.decode_steps < total
     assert all(c.finish_reason in ("eos", "length") for c in done)
 
 
@@ -76,11 +76,11 @@ def test_prefix_cache_hits_and_changes_nothing():
     model = _model(moe=True)
     requests = _requests(8)
     with invariance.enabled(ALL):
-        engine, persist = _generate(model, requests, kv_mode="persist")
+        scheduler, persist = _generate(model, requests, kv_mode="persist")
         _, recompute = _generate(model, requests, kv_mode="recompute")
     # the first 4 are prefilled together (nothing cached yet); the 4 admitted later each hit
     # the two full 16-token blocks of the shared prefix
-    assert engine.stats.prefix_hit_tokens == 4 * 32
+    assert scheduler.stats.prefix_hit_tokens == 4 * 32
     for a, b in zip(persist, recompute):
         assert a.tokens == b.tokens and torch.equal(a.logprobs, b.logprobs)
 
@@ -97,11 +97,11 @@ def test_a_prefix_hit_beside_a_longer_prompt_stays_inside_the_cache():
         for i, p in enumerate([shared, shared, other])
     ]
     with invariance.enabled(ALL):
-        engine = GenerationEngine(model, eos_id=None, max_batch_size=3, kv_mode="persist")
-        engine.generate(requests[:1])
-        persist = engine.generate(requests[1:])
-        assert engine.stats.prefix_hit_tokens == 32 and engine.stats.ragged_prefills == 1
-        fresh = GenerationEngine(model, eos_id=None, max_batch_size=3, kv_mode="recompute")
+        scheduler = Scheduler(model, eos_id=None, max_batch_size=3, kv_mode="persist")
+        scheduler.generate(requests[:1])
+        persist = scheduler.generate(requests[1:])
+        assert scheduler.stats.prefix_hit_tokens == 32 and scheduler.stats.ragged_prefills == 1
+        fresh = Scheduler(model, eos_id=None, max_batch_size=3, kv_mode="recompute")
         recompute = fresh.generate(requests[1:])
     for a, b in zip(persist, recompute):
         assert a.tokens == b.tokens and torch.equal(a.logprobs, b.logprobs)
@@ -163,14 +163,14 @@ def test_sampler_follows_the_distribution():
 
 
 def test_positions_past_the_rotary_tables_are_refused_before_any_kernel():
-    """The fused RoPE reads its tables without a bounds check, so the engine and the train
+    """The fused RoPE reads its tables without a bounds check, so the scheduler and the train
     path refuse what would need a position past them, naming the key."""
     model = small_model()
     limit = model.cfg.max_position_embeddings
-    engine = GenerationEngine(model, max_batch_size=2, eos_id=None)
+    scheduler = Scheduler(model, max_batch_size=2, eos_id=None)
     request = Request(0, [1] * (limit - 3), SamplingParams(max_new_tokens=4))
     with pytest.raises(ValueError, match="model.max_position_embeddings"):
-        engine.generate([request])
+        scheduler.generate([request])
     tokens = torch.ones(1, limit + 1, dtype=torch.long)
     with pytest.raises(ValueError, match="model.max_position_embeddings"):
         model(tokens, torch.arange(limit + 1).unsqueeze(0))

@@ -12,8 +12,8 @@ import yaml
 from conftest import SMALL, bench_cfg, make_cfg
 
 from zkl import invariance
-from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.sampling import SamplingParams, sample
+from zkl.generation.scheduler import Request, Scheduler
 from zkl.models import ModelConfig, build_model
 from zkl.models.transformer import Qwen3MoE
 from zkl.ops import fast
@@ -245,7 +245,7 @@ def test_engine_zero_mode_on_gpu_any_schedule(name, graphs):
     outs = []
     with invariance.enabled(invariance.FIXES):
         for batch, chunk, sync in ((1, 0, 1), (4, 5, 3), (11, 16, 8)):
-            engine = GenerationEngine(
+            scheduler = Scheduler(
                 model,
                 max_batch_size=batch,
                 eos_id=1,
@@ -253,7 +253,7 @@ def test_engine_zero_mode_on_gpu_any_schedule(name, graphs):
                 sync_every=sync,
                 cuda_graphs=graphs,
             )
-            done = engine.generate(requests)
+            done = scheduler.generate(requests)
             lp_train = score(model, [c.prompt for c in done], [c.tokens for c in done])
             for c, lp in zip(done, lp_train):
                 assert torch.equal(c.logprobs, lp)

@@ -58,7 +58,7 @@ def test_prefill_decode_and_scoring_agree_bitwise_up_to_32k():
 
 def _decode_every_query(q, k, v) -> torch.Tensor:
     """Each query of row 0 decoded alone (one decode row each, all reading slot 0), with the
-    decode tile the engine runs: [H, T, D]."""
+    decode tile the scheduler runs: [H, T, D]."""
     seq = q.shape[2]
     at = torch.arange(seq, device=DEV)
     q_dec = q[0, :, at].unsqueeze(2).transpose(0, 1)  # [T, H, 1, D]

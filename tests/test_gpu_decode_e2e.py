@@ -1,7 +1,7 @@
 """Zero mode end to end at a real model's shapes on CUDA: every generated token's logprob
 equals the trainer's, bit for bit, for 64 rows decoded together.
 
-The kernel tests compare a few queries; this one runs the engine and the scorer at the
+The kernel tests compare a few queries; this one runs the scheduler and the scorer at the
 1.5B's widths (heads 12/2, d 128, hidden 1536, MLP 8960, vocab 151,936), where a rare
 rounding difference between two kernels shows as a row's mismatch (found this way: decode
 and scoring attention compiled with fp contraction differed at ~1 output in 1,500).
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from zkl import invariance
-from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.sampling import SamplingParams
+from zkl.generation.scheduler import Request, Scheduler
 from zkl.models import build_model
 from zkl.run.compose import compose
 from zkl.trainer.scoring import score
@@ -36,8 +36,8 @@ def _rows_that_differ(graphs: str) -> list[int]:
     ]
     with invariance.enabled(invariance.FIXES), torch.no_grad():
         model = build_model(cfg.model, torch.bfloat16, seed=0, device="cuda")
-        engine = GenerationEngine(model, max_batch_size=64, eos_id=None, cuda_graphs=graphs)
-        done = sorted(engine.generate(requests), key=lambda c: c.request_id)
+        scheduler = Scheduler(model, max_batch_size=64, eos_id=None, cuda_graphs=graphs)
+        done = sorted(scheduler.generate(requests), key=lambda c: c.request_id)
         train = score(model, prompts, [c.tokens for c in done], [1.0] * 64)
     return [i for i, c in enumerate(done) if not torch.equal(c.logprobs, train[i])]
 

@@ -99,7 +99,7 @@ def test_ragged_prefill_rows_and_a_batch_of_decodes_follow_no_other_row():
     width = 600
     pos = starts[:, None] + torch.arange(width, device=DEV)
     chunk_q = torch.stack([q[r, :, s : s + width] for r, s in enumerate(starts.tolist())])
-    # the engine's padded rows: a row that reaches the cache's end repeats its last position
+    # the scheduler's padded rows: a row that reaches the cache's end repeats its last position
     clamped = pos.clamp(max=8300)
     for positions in (pos, clamped):
         part = cuda.attention(chunk_q, cache_k, cache_v, positions, rows[:4])

@@ -9,8 +9,8 @@ import torch
 from conftest import make_cfg
 
 from zkl import invariance
-from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.sampling import SamplingParams
+from zkl.generation.scheduler import Request, Scheduler
 from zkl.layouts.refit import load_refit
 from zkl.models import build_model
 from zkl.trainer.scoring import score
@@ -49,14 +49,14 @@ def test_graphs_equal_eager_and_scoring_any_schedule(name, top_k):
     model = _model(name)
     requests = _requests(23, top_k=top_k)
     with invariance.enabled(invariance.FIXES):
-        eager = GenerationEngine(model, max_batch_size=1, eos_id=1, cuda_graphs="off")
+        eager = Scheduler(model, max_batch_size=1, eos_id=1, cuda_graphs="off")
         expected = eager.generate(requests)
         lp_train = score(model, [c.prompt for c in expected], [c.tokens for c in expected])
         for c, lp in zip(expected, lp_train):
             assert torch.equal(c.logprobs, lp)
         padding = 0
         for batch, chunk, sync in ((1, 0, 1), (5, 7, 3), (16, 0, 8), (23, 16, 4)):
-            engine = GenerationEngine(
+            scheduler = Scheduler(
                 model,
                 max_batch_size=batch,
                 eos_id=1,
@@ -64,10 +64,10 @@ def test_graphs_equal_eager_and_scoring_any_schedule(name, top_k):
                 sync_every=sync,
                 cuda_graphs="on",
             )
-            _same(expected, engine.generate(requests))
-            _same(expected, engine.generate(requests))  # replayed, not recaptured
-            assert engine.decoder.captures == 1
-            padding += engine.decoder.padding_rows
+            _same(expected, scheduler.generate(requests))
+            _same(expected, scheduler.generate(requests))  # replayed, not recaptured
+            assert scheduler.decoder.captures == 1
+            padding += scheduler.decoder.padding_rows
         # whether a schedule pads depends on when rows finish (batch 5 may never); some must
         assert padding > 0
 
@@ -78,14 +78,14 @@ def test_refit_in_place_keeps_graphs_exact(quant):
     new_weights = {n: p.detach().clone() for n, p in _model(quant=quant, seed=2).named_parameters()}
     requests = _requests(9, seed=3)
     with invariance.enabled(invariance.FIXES):
-        engine = GenerationEngine(model, max_batch_size=8, eos_id=1, cuda_graphs="on")
-        before = engine.generate(requests)
+        scheduler = Scheduler(model, max_batch_size=8, eos_id=1, cuda_graphs="on")
+        before = scheduler.generate(requests)
         load_refit(model, new_weights)
-        engine.on_refit(1)
-        after = engine.generate(requests)
+        scheduler.on_refit(1)
+        after = scheduler.generate(requests)
         # mxfp8: the refit re-quantizes, so the graphs were dropped and captured again
-        assert engine.decoder.captures == (2 if quant == "mxfp8" else 1)
-        eager = GenerationEngine(model, max_batch_size=8, eos_id=1, cuda_graphs="off")
+        assert scheduler.decoder.captures == (2 if quant == "mxfp8" else 1)
+        eager = Scheduler(model, max_batch_size=8, eos_id=1, cuda_graphs="off")
         _same(eager.generate(requests), after)
         lp_train = score(model, [c.prompt for c in after], [c.tokens for c in after])
     assert any(a.tokens != b.tokens for a, b in zip(before, after))  # the refit mattered
@@ -98,9 +98,9 @@ def test_default_mode_graphs_capture_and_generate():
     model = _model()
     requests = _requests(12, seed=4)
     with invariance.enabled(()):
-        engine = GenerationEngine(model, max_batch_size=8, eos_id=None, cuda_graphs="on")
-        done = engine.generate(requests)
-    assert engine.decoder.captures == 1
+        scheduler = Scheduler(model, max_batch_size=8, eos_id=None, cuda_graphs="on")
+        done = scheduler.generate(requests)
+    assert scheduler.decoder.captures == 1
     for r, c in zip(requests, done):
         assert len(c.tokens) == r.params.max_new_tokens
         assert torch.isfinite(c.logprobs).all() and (c.logprobs <= 0).all()
@@ -112,7 +112,7 @@ def test_graphs_refused_or_skipped_where_decode_syncs():
     auto = {"max_batch_size": 4, "eos_id": 1, "cuda_graphs": "auto"}
     for syncs in (_model("tiny_moe", quant="mxfp8"), _model("tiny_hybrid", quant="mxfp8")):
         with pytest.raises(ValueError, match="engine.cuda_graphs=on"):
-            GenerationEngine(syncs, max_batch_size=4, eos_id=1, cuda_graphs="on")
-        assert GenerationEngine(syncs, **auto).decoder is None  # auto: eager where decode syncs
+            Scheduler(syncs, max_batch_size=4, eos_id=1, cuda_graphs="on")
+        assert Scheduler(syncs, **auto).decoder is None  # auto: eager where decode syncs
     for name in ("tiny_dense", "tiny_moe", "tiny_hybrid"):
-        assert GenerationEngine(_model(name), **auto).decoder is not None, name
+        assert Scheduler(_model(name), **auto).decoder is not None, name

@@ -9,8 +9,8 @@ import torch
 from conftest import make_cfg
 
 from zkl import invariance
-from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.sampling import SamplingParams
+from zkl.generation.scheduler import Request, Scheduler
 from zkl.models import build_model
 from zkl.trainer.scoring import score
 
@@ -139,15 +139,15 @@ def test_moe_decode_in_graphs_equals_eager_and_scoring(name, overrides):
     model, _ = _moe_layer(name, **overrides)
     requests = _requests(23, vocab=min(model.cfg.vocab_size, 5000))
     with invariance.enabled(invariance.FIXES), torch.no_grad():
-        eager = GenerationEngine(model, max_batch_size=1, eos_id=None, cuda_graphs="off")
+        eager = Scheduler(model, max_batch_size=1, eos_id=None, cuda_graphs="off")
         expected = eager.generate(requests)
         trained = score(model, [c.prompt for c in expected], [c.tokens for c in expected])
         for c, lp in zip(expected, trained):
             assert torch.equal(c.logprobs, lp), c.request_id
         for batch in (5, 23):  # 5: buckets 1..4 pad; 23: one bucket of 23
-            engine = GenerationEngine(model, max_batch_size=batch, eos_id=None, cuda_graphs="on")
-            got = engine.generate(requests)
-            assert engine.decoder is not None and engine.decoder.captures == 1
+            scheduler = Scheduler(model, max_batch_size=batch, eos_id=None, cuda_graphs="on")
+            got = scheduler.generate(requests)
+            assert scheduler.decoder is not None and scheduler.decoder.captures == 1
             for a, b in zip(expected, got):
                 assert a.tokens == b.tokens and torch.equal(a.logprobs, b.logprobs), a.request_id
 
@@ -156,7 +156,7 @@ def test_moe_decode_in_graphs_runs_in_default_mode():
     model, _ = _moe_layer("tiny_moe")
     requests = _requests(9, vocab=model.cfg.vocab_size)
     with invariance.enabled(set()), torch.no_grad():
-        engine = GenerationEngine(model, max_batch_size=8, eos_id=None, cuda_graphs="on")
-        done = engine.generate(requests)
-    assert engine.decoder.captures == 1
+        scheduler = Scheduler(model, max_batch_size=8, eos_id=None, cuda_graphs="on")
+        done = scheduler.generate(requests)
+    assert scheduler.decoder.captures == 1
     assert all(len(c.tokens) == r.params.max_new_tokens for c, r in zip(done, requests))

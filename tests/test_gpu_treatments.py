@@ -9,8 +9,8 @@ import torch
 from conftest import SMALL, make_cfg
 
 from zkl import invariance
-from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.sampling import SamplingParams
+from zkl.generation.scheduler import Request, Scheduler
 from zkl.models import build_model
 from zkl.rl.loop import run
 from zkl.trainer.scoring import score
@@ -53,8 +53,8 @@ def test_lp_sampled_on_gpu_with_and_without_graphs(graphs):
     model = build_model(cfg.model, torch.bfloat16, seed=1, device=DEV)
     with invariance.enabled(invariance.FIXES):
         for top_k, top_p in ((0, 1.0), (5, 1.0), (0, 0.7)):
-            engine = GenerationEngine(model, max_batch_size=4, eos_id=1, cuda_graphs=graphs)
-            done = engine.generate(_requests(9, top_k, top_p))
+            scheduler = Scheduler(model, max_batch_size=4, eos_id=1, cuda_graphs=graphs)
+            done = scheduler.generate(_requests(9, top_k, top_p))
             prompts, responses = [c.prompt for c in done], [c.tokens for c in done]
             lp_train = score(model, prompts, responses, [0.9] * len(done))  # as sampled
             for c, lp in zip(done, lp_train):
@@ -69,8 +69,8 @@ def test_routing_replay_on_gpu_zero_mode_unchanged_and_default_measured(tmp_path
     cfg = make_cfg("model=tiny_moe")
     model = build_model(cfg.model, torch.bfloat16, seed=1, device=DEV)
     with invariance.enabled(invariance.FIXES):
-        engine = GenerationEngine(model, max_batch_size=4, eos_id=1, record_routes=True)
-        done = engine.generate(_requests(9))
+        scheduler = Scheduler(model, max_batch_size=4, eos_id=1, record_routes=True)
+        done = scheduler.generate(_requests(9))
         prompts, responses = [c.prompt for c in done], [c.tokens for c in done]
         plain = score(model, prompts, responses)
         replayed = score(model, prompts, responses, routes=[c.routes for c in done])

@@ -14,7 +14,6 @@ from conftest import make_cfg, small_model
 from zkl import invariance
 from zkl.generation.config import graph_setting
 from zkl.generation.decode import Sampler, decode_one_token
-from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.graphs import (
     BucketedDecode,
     bucket_for,
@@ -24,6 +23,7 @@ from zkl.generation.graphs import (
 )
 from zkl.generation.prefill import Admitted, prefill
 from zkl.generation.sampling import SamplingParams
+from zkl.generation.scheduler import Request, Scheduler
 from zkl.models import build_model
 from zkl.precision import apply_precision, quantizes
 
@@ -79,9 +79,9 @@ def test_padding_rows_leave_real_rows_bitwise_unchanged(moe):
     model = _model(moe)
     requests = _requests(11)
     with invariance.enabled(ALL):
-        plain = GenerationEngine(model, max_batch_size=6, eos_id=1, cuda_graphs="off")
+        plain = Scheduler(model, max_batch_size=6, eos_id=1, cuda_graphs="off")
         expected = plain.generate(requests)
-        padded = GenerationEngine(model, max_batch_size=6, eos_id=1, cuda_graphs="off")
+        padded = Scheduler(model, max_batch_size=6, eos_id=1, cuda_graphs="off")
         padded.decoder = BucketedDecode(6, capture=False)
         got = padded.generate(requests)
         again = padded.generate(list(reversed(requests)))  # the static buffers, reused
@@ -96,11 +96,11 @@ def test_padding_rows_leave_real_rows_bitwise_unchanged(moe):
 def test_one_padded_step_changes_no_real_row_and_no_padding_state():
     """One decode step: real rows [3, 0] alone vs with free slots 1, 2 as padding."""
     model = _model()
-    engine = GenerationEngine(model, max_batch_size=4, eos_id=None, cuda_graphs="off")
+    scheduler = Scheduler(model, max_batch_size=4, eos_id=None, cuda_graphs="off")
     requests = [Request(i, list(range(2, 9 + 3 * i)), SamplingParams(seed=i)) for i in range(4)]
     with invariance.enabled(ALL), torch.no_grad():
         sampler = Sampler(top_k=False, top_p=False, eos_id=None)
-        cache, state = engine.new_buffers(40, 8)
+        cache, state = scheduler.new_buffers(40, 8)
         admitted = [Admitted(slot, r.prompt, r.params) for slot, r in enumerate(requests)]
         prefill(model, cache, state, admitted, sampler, None, 0, 0)
         state.done[1:3] = True  # slots 1 and 2 are free: the padding
@@ -138,11 +138,11 @@ def test_graph_setting_is_checked_and_explained():
     assert "megatron-core's MoE" in megatron_moe  # its token dispatcher reads sizes back
     assert "CUDA device" in graph_unsupported_reason(dense.cfg, cpu, backend="megatron_local")
     with pytest.raises(ValueError, match="engine.cuda_graphs=on"):
-        GenerationEngine(dense, max_batch_size=2, eos_id=None, cuda_graphs="on")
+        Scheduler(dense, max_batch_size=2, eos_id=None, cuda_graphs="on")
     with pytest.raises(ValueError, match="engine.cuda_graphs"):
-        GenerationEngine(dense, max_batch_size=2, eos_id=None, cuda_graphs="sometimes")
+        Scheduler(dense, max_batch_size=2, eos_id=None, cuda_graphs="sometimes")
     for model in (dense, moe):  # auto on the CPU: no graphs, no error
-        assert GenerationEngine(model, max_batch_size=2, eos_id=None).decoder is None
+        assert Scheduler(model, max_batch_size=2, eos_id=None).decoder is None
 
 
 def test_static_shapes_attention_masks_the_whole_cache_and_reads_nothing_back(monkeypatch):

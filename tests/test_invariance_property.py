@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zkl import invariance
-from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.sampling import SamplingParams
+from zkl.generation.scheduler import Request, Scheduler
 from zkl.models import ModelConfig, build_model
 from zkl.trainer.scoring import score
 
@@ -41,10 +41,10 @@ def _mismatch(fixes, comp) -> float:
         for i, n in enumerate(comp["lengths"])
     ]
     with invariance.enabled(fixes):
-        engine = GenerationEngine(
+        scheduler = Scheduler(
             MODEL, max_batch_size=comp["batch"], eos_id=1, prefill_chunk=comp["chunk"]
         )
-        done = engine.generate(requests)
+        done = scheduler.generate(requests)
         lp_train = score(
             MODEL, [c.prompt for c in done], [c.tokens for c in done], None, comp["micro"]
         )

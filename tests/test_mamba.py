@@ -1,4 +1,4 @@
-"""Nemotron-H hybrid: the Mamba2 chunk scan, the `mamba_chunked_decode` fix, the engine's state."""
+"""Nemotron-H hybrid: the Mamba2 chunk scan, the `mamba_chunked_decode` fix, the scheduler state."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import torch
 from conftest import SMALL, make_cfg
 
 from zkl import invariance
-from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.sampling import SamplingParams
+from zkl.generation.scheduler import Request, Scheduler
 from zkl.models import build_model
 from zkl.models.mamba2 import chunk_scan
 from zkl.rl.loop import run
@@ -33,12 +33,12 @@ def _requests(n: int, max_new: int = 12, prefix_len: int = 34):
     return out
 
 
-def _gen_and_score(model, fixes, requests, **engine_kwargs):
+def _gen_and_score(model, fixes, requests, **scheduler_kwargs):
     with invariance.enabled(fixes):
-        engine = GenerationEngine(model, eos_id=None, **{"max_batch_size": 3, **engine_kwargs})
-        done = engine.generate(requests)
+        scheduler = Scheduler(model, eos_id=None, **{"max_batch_size": 3, **scheduler_kwargs})
+        done = scheduler.generate(requests)
         lp_train = score(model, [c.prompt for c in done], [c.tokens for c in done])
-    return engine, done, lp_train
+    return scheduler, done, lp_train
 
 
 def test_chunk_scan_equals_recurrence():
@@ -106,10 +106,10 @@ def test_persist_prefix_hit_restores_mamba_state():
     model = _model()
     requests = _requests(3, max_new=5)
     with invariance.enabled(ALL):
-        engine = GenerationEngine(model, eos_id=None, max_batch_size=1, kv_mode="persist")
-        first = engine.generate(requests)
-        second = engine.generate(requests)
-    assert engine.stats.prefix_hit_tokens == 3 * 32  # lcm(16, chunk 8) = 16: two blocks
+        scheduler = Scheduler(model, eos_id=None, max_batch_size=1, kv_mode="persist")
+        first = scheduler.generate(requests)
+        second = scheduler.generate(requests)
+    assert scheduler.stats.prefix_hit_tokens == 3 * 32  # lcm(16, chunk 8) = 16: two blocks
     for a, b in zip(first, second):
         assert a.tokens == b.tokens and torch.equal(a.logprobs, b.logprobs)
 

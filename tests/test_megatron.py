@@ -175,9 +175,9 @@ def test_megatron_zero_mode_equals_native_on_cpu(name):
 
 @needs_megatron
 def test_megatron_engine_zero_on_cpu():
-    """zkl's engine over the megatron model: generated logprobs == scored, bit for bit."""
-    from zkl.generation.engine import GenerationEngine, Request
+    """zkl's scheduler over the megatron model: generated logprobs == scored, bit for bit."""
     from zkl.generation.sampling import SamplingParams
+    from zkl.generation.scheduler import Request, Scheduler
     from zkl.megatron.model import build_megatron_model
     from zkl.trainer.scoring import score
 
@@ -193,8 +193,8 @@ def test_megatron_engine_zero_on_cpu():
     ]
     with invariance.enabled(invariance.FIXES):
         model = build_megatron_model(cfg, "megatron_local", torch.bfloat16, 0, "cpu")
-        engine = GenerationEngine(model, max_batch_size=4, eos_id=1, prefill_chunk=5)
-        done = engine.generate(requests)
+        scheduler = Scheduler(model, max_batch_size=4, eos_id=1, prefill_chunk=5)
+        done = scheduler.generate(requests)
         lp = score(model, [c.prompt for c in done], [c.tokens for c in done])
         for c, s in zip(done, lp):
             assert torch.equal(c.logprobs, s)

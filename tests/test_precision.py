@@ -105,7 +105,7 @@ def test_mxfp8_batch_invariant_fp8_tensor_not():
             assert torch.equal(alone, batched) is invariant, kind
 
 
-# ------------------------------------------------------------- the engine's weight cache
+# ------------------------------------------------------------- the scheduler's weight cache
 
 
 @pytest.mark.parametrize("flag", ["true", "false"])
@@ -146,7 +146,7 @@ def test_engine_quant_cache_after_refit(flag):
 
 @pytest.mark.slow
 def test_stale_quantized_weights_after_refit(run_once):
-    """Fix `quantized_weight_refresh` off: the engine keeps quantized weights of version 0,
+    """Fix `quantized_weight_refresh` off: the scheduler keeps quantized weights of version 0,
     so step 0 is exact and every later step is not; on, every step is exact."""
     stale = run_once(*MXFP8, "fixes.quantized_weight_refresh=false")
     assert _zero(stale[0])

@@ -10,8 +10,8 @@ import torch
 from conftest import SMALL, make_cfg, small_model
 
 from zkl import invariance
-from zkl.generation.engine import Completion, GenerationEngine, Request
 from zkl.generation.sampling import SamplingParams
+from zkl.generation.scheduler import Completion, Request, Scheduler
 from zkl.rl.loop import run
 from zkl.rl.metrics import mismatch_metrics
 from zkl.trainer.scoring import score
@@ -40,9 +40,9 @@ def _requests(temperature: float, top_k: int, top_p: float, n: int = 24) -> list
 def _rollout(model, mode: str, requests: list[Request], **engine):
     """(completions, lp_train) in `mode`; no EOS, so every run's batches are the same rows at
     the same positions (default mode is not batch invariant, so that matters). `engine`:
-    more GenerationEngine knobs (engine.cuda_graphs)."""
+    more Scheduler knobs (engine.cuda_graphs)."""
     with invariance.enabled(MODES[mode]):
-        done = GenerationEngine(model, max_batch_size=8, eos_id=None, **engine).generate(requests)
+        done = Scheduler(model, max_batch_size=8, eos_id=None, **engine).generate(requests)
         temps = [r.params.temperature for r in requests]
         lp_train = score(model, [c.prompt for c in done], [c.tokens for c in done], temps)
     return done, lp_train

@@ -12,9 +12,9 @@ from conftest import make_cfg, small_model
 
 from zkl import invariance
 from zkl.errors import ConfigError
-from zkl.generation.engine import GenerationEngine, Request
 from zkl.generation.routes import RouteTape, replay_batch, taping
 from zkl.generation.sampling import SamplingParams
+from zkl.generation.scheduler import Request, Scheduler
 from zkl.rl.loss import grpo_loss
 from zkl.run.validate import validate
 from zkl.trainer.build import build_policy
@@ -35,10 +35,10 @@ def _requests(n: int = 5) -> list[Request]:
 
 def _generate(model, fixes=ALL, **kwargs):
     with invariance.enabled(fixes):
-        engine = GenerationEngine(
+        scheduler = Scheduler(
             model, eos_id=1, record_routes=True, **{"max_batch_size": 4, **kwargs}
         )
-        return engine.generate(_requests())
+        return scheduler.generate(_requests())
 
 
 def test_routes_are_recorded_compactly_for_every_input_position():
@@ -60,7 +60,7 @@ def test_routes_are_recorded_compactly_for_every_input_position():
     assert got == {"routing/decision_mismatch_frac": 0.0, "routing/token_mismatch_frac": 0.0}
 
 
-@pytest.mark.slow  # two policies and an engine: tens of seconds on two busy cores
+@pytest.mark.slow  # two policies and a scheduler: tens of seconds on two busy cores
 def test_zero_mode_scoring_and_one_minibatch_update_are_bitwise_unchanged():
     cfg = make_cfg("model=tiny_moe", "rl.routing_replay=true", "rl.num_minibatches=1")
     with invariance.enabled(invariance.from_config(cfg)):

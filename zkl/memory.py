@@ -117,7 +117,7 @@ def sharded_weights(cfg: Any) -> dict[str, float]:
     transient = (3 * largest_layer_params(m) + 2 * embeddings) * c
     generator = p * c * (3 if cfg.layout.name == "dedicated" else 1)
     if quantizes(cfg.precision):
-        generator += p * c  # the engine's cached quantized weights
+        generator += p * c  # the scheduler's cached quantized weights
     if cfg.rl.kl_coef > 0:
         shards += p * c  # the frozen reference model, whole on every rank
     return {"weights and optimizer state": shards + transient, "generator weights": generator}
@@ -163,7 +163,7 @@ def estimate(cfg: Any, positions: int) -> dict[str, float]:
             minibatch * positions * _kept_per_token(cfg, layer_token)
             + min(minibatch * positions, LOGIT_TOKENS) * m.vocab_size * update_bytes
         ),
-        # the trainer's forwards; the engine prefills a hybrid one request at a time
+        # the trainer's forwards; the scheduler prefills a hybrid one request at a time
         "Mamba chunk scan": mamba_scan_bytes(m, max(scored, minibatch), positions),
         "rollout records": float(samples * positions * RECORD_BYTES_PER_TOKEN),
         "processes": PROCESS_BYTES * (1 + dedicated),
@@ -191,7 +191,7 @@ def _sharded_estimate(cfg: Any, positions: int) -> dict[str, float]:
 
 
 def _engine_parts(cfg: Any, positions: int) -> dict[str, float]:
-    """The generation engine's KV cache, prefix cache and activations."""
+    """The scheduler's KV cache, prefix cache and activations."""
     _, kv_token, layer_token = _token_bytes(cfg, positions)
     m, batch = cfg.model, cfg.engine.max_batch_size
     blocks = cfg.engine.prefix_cache_blocks if cfg.kv.mode == "persist" else 0
@@ -207,7 +207,7 @@ def _engine_parts(cfg: Any, positions: int) -> dict[str, float]:
 
 def generator_estimate(cfg: Any, positions: int) -> dict[str, float]:
     """Bytes on the generator's own GPU (`layout.backend=nccl`): its weights and refit
-    buffer, the engine's caches and activations; empty for the other layouts."""
+    buffer, the scheduler's caches and activations; empty for the other layouts."""
     if not _own_gpu(cfg):
         return {}
     c, _, _ = _token_bytes(cfg, positions)

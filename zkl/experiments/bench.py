@@ -9,7 +9,7 @@ refit buffer) against the transport's own bandwidth between the two sides, measu
 same run with buffers of the same size. The same Hydra config and overrides as
 `python -m zkl`. On CUDA a model without Mamba layers gets the table of `bench_cuda`
 instead (graphs, batch sizes, the train step, GEMMs, the roofline, transformers), or with
-`+layout=dedicated` the refit figures alone (the engine's kernels do not depend on the
+`+layout=dedicated` the refit figures alone (the scheduler's kernels do not depend on the
 layout).
 """
 
@@ -34,7 +34,7 @@ from zkl.experiments.timing import format_table
 from zkl.experiments.transport_peak import peak_gb_per_s
 from zkl.experiments.workload import MODES
 from zkl.layouts import build_generator
-from zkl.layouts.engine_setup import build_engine
+from zkl.layouts.generator_setup import build_scheduler
 from zkl.layouts.refit import refit_payload
 from zkl.layouts.transport import BROADCAST
 from zkl.precision import DTYPES
@@ -53,9 +53,9 @@ def measure(
 ) -> tuple[float, float, float]:
     """(generation, scoring, decode-only) tokens/s of one rollout batch under `fixes`."""
     with invariance.enabled(fixes):
-        engine = build_engine(cfg, policy.model, eos_id=-1)  # no EOS: fixed token count
+        scheduler = build_scheduler(cfg, policy.model, eos_id=-1)  # no EOS: fixed token count
         t0 = time.perf_counter()
-        done = engine.generate(requests)
+        done = scheduler.generate(requests)
         t1 = time.perf_counter()
         score(policy.model, [c.prompt for c in done], [c.tokens for c in done])
         if policy.model.embed_tokens.weight.is_cuda:
@@ -64,7 +64,7 @@ def measure(
     gen_tokens = sum(len(c.tokens) for c in done)
     scored = sum(len(c.prompt) + len(c.tokens) for c in done)
     decoded = gen_tokens - len(done)  # each request's first token comes from its prefill
-    return gen_tokens / (t1 - t0), scored / (t2 - t1), decoded / engine.stats.decode_s
+    return gen_tokens / (t1 - t0), scored / (t2 - t1), decoded / scheduler.stats.decode_s
 
 
 def measure_refit(cfg: BenchRunConfig, policy: Policy, eos_id: int) -> dict[str, float]:
@@ -111,7 +111,7 @@ def run_bench(cfg: BenchRunConfig, run_dir: str | Path) -> dict[str, float]:
         del policy  # each RL shape builds its own
         return run_rl(cfg, run_dir)
     if policy.model.embed_tokens.weight.is_cuda and not hybrid:
-        if cfg.layout.name == "dedicated":  # the engine's own table is the same in any layout
+        if cfg.layout.name == "dedicated":  # the scheduler's own table is the same in any layout
             return write_result(measure_refit(cfg, policy, task.tokenizer.eos_id), run_dir)
         return run_cuda(policy.model, run_dir)
     _, requests = make_requests(cfg, task, step=0)

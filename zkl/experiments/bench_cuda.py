@@ -39,8 +39,8 @@ from zkl.experiments.workload import (
     bench_requests,
 )
 from zkl.generation.decode import Sampler, decode_one_token
-from zkl.generation.engine import GenerationEngine
 from zkl.generation.prefill import Admitted, prefill
+from zkl.generation.scheduler import Scheduler
 from zkl.precision import weight_cache
 from zkl.trainer.scoring import sequence_logprobs
 
@@ -68,19 +68,19 @@ def _generation(
 ) -> dict[str, float]:
     requests = bench_requests(batch, model.cfg.vocab_size)
     with invariance.enabled(fixes):
-        engine = GenerationEngine(
+        scheduler = Scheduler(
             model, max_batch_size=batch, eos_id=None, sync_every=16, cuda_graphs=graphs
         )
-        engine.generate(requests)  # capture and warm-up
+        scheduler.generate(requests)  # capture and warm-up
         torch.cuda.reset_peak_memory_stats()
         samples = []
         for _ in range(3):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            done = engine.generate(requests)
+            done = scheduler.generate(requests)
             torch.cuda.synchronize()
             total = time.perf_counter() - t0
-            samples.append((total, engine.stats.decode_s, engine.stats.decode_steps))
+            samples.append((total, scheduler.stats.decode_s, scheduler.stats.decode_steps))
     total, decode_s, steps = min(samples)
     tokens = sum(len(c.tokens) for c in done)
     return {
@@ -185,7 +185,7 @@ def _generation_rows(out: dict, model: torch.nn.Module, batch: int, bandwidth: f
     out[f"roofline/b{batch}/zero_fraction"] = roofline_s / step_s
     default_step_s = out[f"gen/b{batch}/default/decode_step_ms"] / 1e3
     out[f"roofline/b{batch}/default_fraction"] = roofline_s / default_step_s
-    gc.collect()  # each engine holds its graphs' memory pool until collected
+    gc.collect()  # each scheduler holds its graphs' memory pool until collected
     torch.cuda.empty_cache()
 
 
@@ -200,10 +200,10 @@ def eager_decode_step(
     Python where a profiler or a hook sees it."""
     device = model.embed_tokens.weight.device
     requests = bench_requests(batch, model.cfg.vocab_size)
-    engine = GenerationEngine(model, max_batch_size=batch, eos_id=None, cuda_graphs="off")
-    with invariance.enabled(fixes), torch.no_grad(), weight_cache(engine.quant_cache):
+    scheduler = Scheduler(model, max_batch_size=batch, eos_id=None, cuda_graphs="off")
+    with invariance.enabled(fixes), torch.no_grad(), weight_cache(scheduler.quant_cache):
         sampler = Sampler(top_k=False, top_p=False, eos_id=None)
-        cache, state = engine.new_buffers(PROMPT_LEN + 8, 8)
+        cache, state = scheduler.new_buffers(PROMPT_LEN + 8, 8)
         admitted = [Admitted(slot, r.prompt, r.params) for slot, r in enumerate(requests)]
         prefill(model, cache, state, admitted, sampler, None, 0, 0)
         rows = torch.arange(batch, device=device)

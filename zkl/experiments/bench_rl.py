@@ -29,7 +29,7 @@ from zkl import invariance, memory
 from zkl.data.tasks import ResidueTask, build_task
 from zkl.experiments.roofline import copy_bandwidth, decode_bytes
 from zkl.experiments.workload import MODES
-from zkl.generation.engine import GenerationEngine
+from zkl.generation.scheduler import Scheduler
 from zkl.layouts import build_generator
 from zkl.rl.loop import make_requests, train_step
 from zkl.rl.loss import grpo_loss
@@ -112,23 +112,23 @@ def generation_rows(cfg: Any, shape: str, bandwidth: float) -> dict[str, object]
     for mode, fixes in MODES.items():
         _fresh()
         with invariance.enabled(fixes):
-            engine = GenerationEngine(
+            scheduler = Scheduler(
                 policy.model, max_batch_size=rollouts, eos_id=None, sync_every=16,
                 cuda_graphs="auto",
             )  # fmt: skip
             warm = [replace(r, params=replace(r.params, max_new_tokens=32)) for r in requests]
-            engine.generate(warm)  # compile, probe, capture
+            scheduler.generate(warm)  # compile, probe, capture
             _sync()
             t0 = time.perf_counter()
-            done = engine.generate(requests)
+            done = scheduler.generate(requests)
             _sync()
             seconds = time.perf_counter() - t0
-        steps = engine.stats.decode_steps
+        steps = scheduler.stats.decode_steps
         out[f"{key}/{mode}/gen_tokens_per_s"] = sum(len(d.tokens) for d in done) / seconds
-        out[f"{key}/{mode}/decode_step_ms"] = 1e3 * engine.stats.decode_s / steps
-        out[f"{key}/{mode}/graphs"] = int(getattr(engine.decoder, "capture", False))
+        out[f"{key}/{mode}/decode_step_ms"] = 1e3 * scheduler.stats.decode_s / steps
+        out[f"{key}/{mode}/graphs"] = int(getattr(scheduler.decoder, "capture", False))
         out[f"{key}/{mode}/peak_gb"] = _peak_gb()
-        del engine, done
+        del scheduler, done
     out[f"{key}/zero_over_default"] = (
         out[f"{key}/zero/gen_tokens_per_s"] / out[f"{key}/default/gen_tokens_per_s"]
     )

@@ -14,7 +14,7 @@ from zkl import invariance
 from zkl.data.tasks import build_task
 from zkl.errors import ConfigError
 from zkl.experiments.schema import CertRunConfig
-from zkl.generation.engine import Request
+from zkl.generation.scheduler import Request
 from zkl.layouts import build_generator
 from zkl.rl import loop
 from zkl.rl.metrics import mismatch_metrics

@@ -15,8 +15,8 @@ import torch
 
 from zkl import invariance
 from zkl.experiments.workload import MODES, bench_requests
-from zkl.generation.engine import GenerationEngine
-from zkl.layouts.engine_setup import build_generation_model
+from zkl.generation.scheduler import Scheduler
+from zkl.layouts.generator_setup import build_generation_model
 from zkl.run.compose import compose
 
 
@@ -26,19 +26,19 @@ def main(overrides: list[str]) -> None:
     requests = bench_requests(16, cfg.model.vocab_size)
     for mode, fixes in MODES.items():
         with invariance.enabled(fixes):
-            engine = GenerationEngine(
+            scheduler = Scheduler(
                 model, max_batch_size=16, eos_id=None, sync_every=8, cuda_graphs="off"
             )
-            engine.generate(requests)  # compile, probes
+            scheduler.generate(requests)  # compile, probes
             torch.cuda.synchronize()
             profiler = cProfile.Profile()
             t0 = time.perf_counter()
             profiler.enable()
-            engine.generate(requests)
+            scheduler.generate(requests)
             torch.cuda.synchronize()
             profiler.disable()
             seconds = time.perf_counter() - t0
-            steps = engine.stats.decode_steps
+            steps = scheduler.stats.decode_steps
             print(f"=== eager {mode}: {steps} decode steps, {1e3 * seconds / steps:.2f} ms a step")
             pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
 

@@ -28,7 +28,7 @@ def graph_time(fn: Callable[[], object], calls: int = 20, replays: int = 5) -> f
     """Seconds per call of `fn`, `calls` calls captured in one CUDA graph and replayed.
 
     A decode-shaped GEMM runs in microseconds, under the host's launch time: timed call by
-    call it measures the launcher, and the engine replays graphs anyway.
+    call it measures the launcher, and the scheduler replays graphs anyway.
     """
     for _ in range(3):
         fn()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from zkl import invariance
-from zkl.generation.engine import Request
 from zkl.generation.sampling import SamplingParams
+from zkl.generation.scheduler import Request
 
 MODES = {"zero": frozenset(invariance.FIXES), "default": frozenset()}
 PROMPT_LEN = 128

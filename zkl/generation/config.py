@@ -1,7 +1,8 @@
-"""The generation part's config: the engine (conf/engine), the KV mode (conf/kv), sampling.
+"""The generation part's config: `engine.*` (conf/engine: the model backend and the
+scheduler's knobs), the KV mode (conf/kv), sampling.
 
 A leaf: the schema composes it and `check` refuses its own keys' bad values, before any
-model is built, without importing the engine.
+model is built, without importing the scheduler.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def graph_setting(value: object) -> str:
 
 
 def check(engine: EngineConfig, kv: KVConfig, sampling: SamplingConfig) -> None:
-    """One sentence naming the engine.*, kv.* or sampling.* key whose value cannot work."""
+    """One sentence naming the scheduler.*, kv.* or sampling.* key whose value cannot work."""
     if kv.mode not in ("recompute", "persist"):
         raise ConfigError(f"kv.mode={kv.mode!r} must be recompute or persist.")
     positive(engine.max_batch_size, "engine.max_batch_size")

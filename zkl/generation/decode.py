@@ -1,8 +1,8 @@
 """The decode step: one token for every running row, as one function of device tensors.
 
 `decode_one_token` is the whole step (forward one token per row -> sample -> logprob ->
-commit); the engine calls it eagerly or captures it in a CUDA graph (zkl/generation/graphs.py),
-so it reads only the model, the cache, the slot state and the rows it is given. The engine
+commit); the scheduler calls it eagerly or captures it in a CUDA graph (zkl/generation/graphs.py),
+so it reads only the model, the cache, the slot state and the rows it is given. The scheduler
 reports, for every sampled token, its raw logprob, of softmax(logits / temperature) before
 any top-k / top-p filter, as the trainer scores it: through the trainer's own fp32 path
 (the `logprob_path` fix) or, with that fix off, as a fast engine does, in the model dtype.
@@ -26,7 +26,7 @@ from zkl.invariance import is_enabled
 
 
 class GenerationModel(Protocol):
-    """What the engine needs of a model (native, hybrid or megatron alike): the decode cache
+    """What the scheduler needs of a model (native, hybrid or megatron alike): the decode cache
     of its own layers, and a forward that writes K/V (and any recurrent state) of its tokens
     to that cache's rows `slots` before attending over them."""
 
@@ -93,7 +93,7 @@ class Sampler:
         """Sample the rows' next tokens from logits [B, V] and commit them to the state
         (output, count, next input, done at EOS or the limit); finished rows idle."""
         next_tokens, logprobs, lp_sampled = self.sample(state, rows, logits)
-        if self.filters:  # unfiltered, lp_sampled is the logprob (engine._retire)
+        if self.filters:  # unfiltered, lp_sampled is the logprob (scheduler._retire)
             state.record(rows, state.out_lp_sampled, lp_sampled)
         ops.commit_samples(state, rows, next_tokens, logprobs, self.eos_id)
 

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 
 def buckets_for(max_batch_size: int) -> tuple[int, ...]:
-    """The bucket sizes of an engine: the standard ones below `max_batch_size`, then it."""
+    """The bucket sizes of a scheduler: the standard ones below `max_batch_size`, then it."""
     if max_batch_size < 1:
         raise ValueError(f"max_batch_size={max_batch_size} must be >= 1")
     return tuple(b for b in BUCKETS if b < max_batch_size) + (max_batch_size,)
@@ -68,7 +68,7 @@ def graph_unsupported_reason(
     can be captured, else why not (one sentence); `quantized`: a precision recipe quantizes
     the Linear layers (`precision.linear_quant`); `backend`: `engine.backend`. The one rule:
     the config check refuses `engine.cuda_graphs=on` with it before any model is built, the
-    engine decides with it."""
+    scheduler decides with it."""
     layers = range(model.num_hidden_layers)
     moe = any(model.layer_is_moe(i) for i in layers)
     if moe and backend != "native":
@@ -116,7 +116,7 @@ def graphs_on(
 class BucketedDecode:
     """Decode steps padded to batch-size buckets, captured as CUDA graphs when `capture`.
 
-    The step is the engine's device-only decode step over the slot rows [B] of the static
+    The step is the scheduler's device-only decode step over the slot rows [B] of the static
     cache and state (`decode.decode_one_token` bound to them), given to `prepare`. Without
     capture (the CPU tests) the same padding runs eagerly, so the padding logic is tested
     where there is no GPU.

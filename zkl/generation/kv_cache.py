@@ -15,7 +15,7 @@ from zkl.ops.fast import write_kv
 class KVCache:
     pads_rows = True  # rows of different lengths may prefill in one right-padded batch
     # [slots, max_len, MoE layers, k] expert ids the gen path chose at each position, -1 where
-    # none was computed; set by the engine when it records routes (routing replay), else None
+    # none was computed; set by the scheduler when it records routes (routing replay), else None
     routes: torch.Tensor | None = None
 
     def __init__(

@@ -3,7 +3,7 @@
 The usual hit is a shared system prompt. Every entry records the weight version that
 computed it; with `kv_invalidate_on_refit` on, a lookup only hits the current version.
 For a hybrid (Mamba) model an entry may also carry the Mamba state after its last token;
-the engine only resumes from such entries, whose end is a Mamba chunk boundary.
+the scheduler only resumes from such entries, whose end is a Mamba chunk boundary.
 """
 
 from __future__ import annotations

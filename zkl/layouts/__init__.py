@@ -1,8 +1,8 @@
-"""Where the generation engine runs relative to the trainer, and how weights reach it.
+"""Where the generator runs relative to the trainer, and how weights reach it.
 
 `colocated`: in the trainer's process, on its weights. `dedicated`: a process of its own
 (`supervisor` watches it, `worker` is its loop), refitted over a `transport` in the `wire`
-format. Both build their model and engine with `engine_setup` and take weights in through
+format. Both build their model and scheduler with `generator_setup` and take weights in through
 `refit`.
 """
 
@@ -12,15 +12,15 @@ from typing import Protocol
 
 import torch
 
-from zkl.generation.engine import Completion, EngineStats, Request
+from zkl.generation.scheduler import Completion, Request, SchedulerStats
 from zkl.layouts.colocated import ColocatedGenerator
 from zkl.layouts.dedicated import DedicatedGenerator
 
 
 class Generator(Protocol):
-    """What the training loop needs from a generation engine, wherever it runs."""
+    """What the training loop needs from a generator, wherever it runs."""
 
-    def generate(self, requests: list[Request]) -> tuple[list[Completion], EngineStats]: ...
+    def generate(self, requests: list[Request]) -> tuple[list[Completion], SchedulerStats]: ...
 
     def refit(self, state: dict[str, torch.Tensor], version: int) -> None: ...
 

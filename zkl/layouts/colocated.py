@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from zkl.generation.engine import Completion, EngineStats, Request
-from zkl.layouts.engine_setup import build_engine, build_generation_model
+from zkl.generation.scheduler import Completion, Request, SchedulerStats
+from zkl.layouts.generator_setup import build_generation_model, build_scheduler
 from zkl.layouts.refit import load_refit, refit_payload, refits_exactly
 from zkl.precision import DTYPES
 
@@ -21,20 +21,20 @@ class ColocatedGenerator:
     def __init__(self, cfg, policy, eos_id: int):
         self.shared = refits_exactly() and not policy.world.sharded
         model = policy.model if self.shared else build_generation_model(cfg)
-        self.engine = build_engine(cfg, model, eos_id)
+        self.scheduler = build_scheduler(cfg, model, eos_id)
         self.gen_dtype = DTYPES[cfg.precision.compute_dtype]
 
-    def generate(self, requests: list[Request]) -> tuple[list[Completion], EngineStats]:
-        completions = self.engine.generate(requests)
-        return completions, self.engine.stats
+    def generate(self, requests: list[Request]) -> tuple[list[Completion], SchedulerStats]:
+        completions = self.scheduler.generate(requests)
+        return completions, self.scheduler.stats
 
     def refit(self, state: dict[str, torch.Tensor], version: int) -> None:
         if not self.shared:
-            load_refit(self.engine.model, refit_payload(state, self.gen_dtype))
-        self.engine.on_refit(version)
+            load_refit(self.scheduler.model, refit_payload(state, self.gen_dtype))
+        self.scheduler.on_refit(version)
 
     def configure(self, max_batch_size: int | None, prefill_chunk: int | None) -> None:
-        self.engine.configure(max_batch_size, prefill_chunk)
+        self.scheduler.configure(max_batch_size, prefill_chunk)
 
     def close(self) -> None:
         pass

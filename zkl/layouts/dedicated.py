@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from zkl import invariance
 from zkl.errors import RunFault
-from zkl.generation.engine import Completion, EngineStats, Request
+from zkl.generation.scheduler import Completion, Request, SchedulerStats
 from zkl.layouts import transport, worker
 from zkl.layouts.refit import refit_payload
 from zkl.layouts.supervisor import Supervisor
@@ -55,7 +55,7 @@ class DedicatedGenerator:
             self.close()  # nobody else holds this half-built generator
             raise
 
-    def generate(self, requests: list[Request]) -> tuple[list[Completion], EngineStats]:
+    def generate(self, requests: list[Request]) -> tuple[list[Completion], SchedulerStats]:
         self.child.send(("generate", requests))
         completions, stats = self.child.expect("completions")
         return completions, stats

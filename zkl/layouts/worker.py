@@ -1,8 +1,8 @@
-"""The dedicated generation process's loop: build the engine, then serve the trainer's
+"""The dedicated generation process's loop: build the scheduler, then serve the trainer's
 requests (refit, configure, generate) until it says stop.
 
 A refit swaps weights in only once the whole buffer has arrived and matches the manifest,
-so the engine never holds a mix of two versions; the refit's version goes back with its ack.
+so the scheduler never holds a mix of two versions; the refit's version goes back with its ack.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import torch
 
 from zkl import invariance
 from zkl.device import generator_device
-from zkl.generation.engine import GenerationEngine
+from zkl.generation.scheduler import Scheduler
 from zkl.layouts import transport
-from zkl.layouts.engine_setup import build_engine, build_generation_model
+from zkl.layouts.generator_setup import build_generation_model, build_scheduler
 from zkl.layouts.refit import load_refit
 from zkl.layouts.wire import Manifest, unpack
 
@@ -44,20 +44,20 @@ def serve(
         if transport.kind(cfg) in transport.BROADCAST:
             transport.init_group(cfg, store, 1, private)
         with invariance.enabled(fixes):
-            engine = build_engine(cfg, build_generation_model(cfg), eos_id)
+            scheduler = build_scheduler(cfg, build_generation_model(cfg), eos_id)
             conn.send(("ready",))
             while (msg := conn.recv())[0] != "stop":
                 if msg[0] == "refit":
                     _, version, manifest, payload = msg
-                    refit(engine, cfg, manifest, payload)
-                    engine.on_refit(version)
+                    refit(scheduler, cfg, manifest, payload)
+                    scheduler.on_refit(version)
                     conn.send(("refitted", version))
                 elif msg[0] == "configure":
-                    engine.configure(*msg[1:])
+                    scheduler.configure(*msg[1:])
                     conn.send(("configured",))
                 elif msg[0] == "generate":
-                    completions = engine.generate(msg[1])
-                    conn.send(("completions", completions, engine.stats))
+                    completions = scheduler.generate(msg[1])
+                    conn.send(("completions", completions, scheduler.stats))
     except EOFError:  # the trainer is gone: nothing to report to
         sys.exit(1)
     except Exception as err:
@@ -69,7 +69,7 @@ def serve(
         transport.abort_group(private)
 
 
-def refit(engine: GenerationEngine, cfg, manifest: Manifest, payload) -> None:
+def refit(scheduler: Scheduler, cfg, manifest: Manifest, payload) -> None:
     """Load one refit: `payload` is the trainer's buffer itself (cuda_ipc) or its size in
     bytes, to be received by broadcast; the copy is done before this returns."""
     if isinstance(payload, torch.Tensor):
@@ -77,6 +77,6 @@ def refit(engine: GenerationEngine, cfg, manifest: Manifest, payload) -> None:
     else:
         flat = torch.empty(payload, dtype=torch.uint8, device=transport.landing_device(cfg, 1))
         transport.broadcast(flat)
-    load_refit(engine.model, unpack(manifest, flat))
+    load_refit(scheduler.model, unpack(manifest, flat))
     if flat.is_cuda:  # the trainer may free its buffer once we ack
         torch.cuda.current_stream(flat.device).synchronize()

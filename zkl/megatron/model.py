@@ -2,7 +2,7 @@
 
 `MegatronLM(tokens, positions, cache, slots, logit_index)` runs megatron's own forward
 (embedding, TransformerBlock, final norm, output layer) with zkl's modules in the spec
-(`zkl.megatron.spec`), so zkl's GenerationEngine (continuous batching, both KV modes, the
+(`zkl.megatron.spec`), so zkl's Scheduler (continuous batching, both KV modes, the
 prefix cache, sampling), scoring, refit and certification drive it unchanged. Parameter
 names are megatron's (under `gpt.`); weights come from zkl's seeded init or an HF checkpoint
 (both through zkl's native state dict and `mapping.to_megatron`, so both engines start from

@@ -1,4 +1,4 @@
-"""The calls the trainer and the engine make on every model, written once for all of them."""
+"""The calls the trainer and the scheduler make on every model, written once for all of them."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ class CausalLM(nn.Module):
     `make_cache` is overridden by models with more than K/V.
     """
 
-    backend = "native"  # `engine.backend` that built it (the engine's graph rule reads it)
+    backend = "native"  # `engine.backend` that built it (the scheduler's graph rule reads it)
     # The train path runs `hidden_states` once and `lm_head` a chunk of tokens at a time
     # (zkl/trainer/scoring.py); a model whose framework computes its own head says False.
     chunked_head = True

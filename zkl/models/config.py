@@ -221,7 +221,7 @@ def model_named(cfg: ModelConfig) -> str:
 
 def check_positions(cfg: ModelConfig, positions: int, needed_by: str) -> None:
     """The one position limit, wherever a sequence's length is first known (the run's
-    config, the engine's requests, the train path's forward): ConfigError when `positions`
+    config, the scheduler's requests, the train path's forward): ConfigError when `positions`
     exceed `model.max_position_embeddings` (the rotary tables are read unchecked)."""
     if positions <= cfg.max_position_embeddings:
         return

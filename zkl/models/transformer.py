@@ -242,7 +242,7 @@ class Transformer(CausalLM):
     def hidden_states(self, tokens, positions, cache=None, slots=None, logit_index=None):
         """The final norm's output [B, T, hidden] (or [B, hidden] at `logit_index`): what
         `lm_head` reads, so the train path can take the logits a chunk of tokens at a time."""
-        if cache is None:  # the engine checks its requests before the gen path's forwards
+        if cache is None:  # the scheduler checks its requests before the gen path's forwards
             check_positions(self.cfg, tokens.shape[1], "of a scored sequence")
         x, delta = self.embed_tokens(tokens), None
         for block in self.layers:

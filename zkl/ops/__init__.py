@@ -289,7 +289,7 @@ def token_logprobs(
 def commit_samples(
     state, rows: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor, eos_id: int | None
 ) -> None:
-    """The decode step's bookkeeping, in place on the engine's slot state (`SlotState`):
+    """The decode step's bookkeeping, in place on the scheduler's slot state (`SlotState`):
     tokens [B] and logprobs [B] of the slots `rows` [B] into their outputs; count, position,
     next input and done flag updated; finished rows untouched. On CUDA one launch instead of
     some thirty (integer and copy work: the same bits)."""

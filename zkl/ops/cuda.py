@@ -83,7 +83,7 @@ def attention_default(
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """What a fast engine runs: PyTorch's SDPA for scoring and the train forward (as a
-    trainer does); for the engine's cache, flash-attn-4 where it runs (with the split count
+    trainer does); for the scheduler's cache, flash-attn-4 where it runs (with the split count
     its own heuristic picks: one on Hopper), else zkl's default Triton path."""
     if kv_rows is not None and fa4.usable(q.shape[-1], q.dtype, q.device):
         splits = fa4.own_splits(q.device)

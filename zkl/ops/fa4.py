@@ -13,7 +13,7 @@ Calls map onto flash-attn-4 as follows (zkl: q [B, H, Tq, D], k/v [R, Hkv, Tk, D
 position j; flash-attn-4: [B, T, H, D] views, no copy):
 - the train path and scoring (no `kv_rows`; positions 0..T-1; the keys are the queries'
   own): `flash_attn_func`, causal, with its deterministic backward;
-- the engine (`kv_rows`, the cache slot of each batch row): `flash_attn_varlen_func` over
+- the scheduler (`kv_rows`, the cache slot of each batch row): `flash_attn_varlen_func` over
   the whole cache, one page a slot (`page_table` = the slots). A row's queries count while
   their positions follow its first one by one (`seqused_q`; a padded prefill row may repeat
   the cache's last position for its pads), and `seqused_k` = the first position + that

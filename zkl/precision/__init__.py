@@ -14,9 +14,9 @@ embedding (an `nn.Embedding`, no recipe), the lm_head and the MoE router `mlp.ga
 parameters (`apply_precision`).
 
 Both paths run the same recipe on the same tensors. The trainer quantizes the weight afresh
-on every forward (it is about to change it). The generation engine quantizes each weight once
+on every forward (it is about to change it). The scheduler quantizes each weight once
 per refit: inside `weight_cache(cache)` the quantized weight of a module is looked up in, or
-added to, the engine's cache; the engine clears the cache when new weights arrive (the
+added to, the scheduler's cache; the scheduler clears the cache when new weights arrive (the
 `quantized_weight_refresh` fix). Quantizing the same bf16 weight gives the same bits either
 way, so the GEMM operands of the two paths are bitwise equal.
 

@@ -1,6 +1,6 @@
 """Validation accuracy through the run's own generator: greedy, one response a problem.
 
-Greedy is top-k 1 on the same engine and weights the rollouts use (a fixed seed keys the
+Greedy is top-k 1 on the same scheduler and weights the rollouts use (a fixed seed keys the
 sampler, so ties break the same way every time). `val/accuracy` is the fraction of
 validation problems answered right: the task's `is_correct(problem, response)` where it has
 one (`add`: the number the response starts with is the sum), else a reward of 1.0;
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from zkl.generation.engine import Request
 from zkl.generation.sampling import SamplingParams
+from zkl.generation.scheduler import Request
 
 VAL_SEED = 0x7A11DA7E
 VAL_REQUEST_BASE = 1 << 40  # above every rollout's request id

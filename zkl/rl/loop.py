@@ -22,8 +22,8 @@ from zkl.data.rewards import RewardError
 from zkl.data.tasks import build_task
 from zkl.distributed import launch
 from zkl.errors import NonFinite, RunFault
-from zkl.generation.engine import Completion, EngineStats, Request
 from zkl.generation.sampling import SamplingParams
+from zkl.generation.scheduler import Completion, Request, SchedulerStats
 from zkl.layouts import build_generator
 from zkl.rl.correction import behavior_logprobs, correction_weights, diagnostics
 from zkl.rl.evaluate import val_due, validate_policy
@@ -225,9 +225,9 @@ def train_step(
 
 def rollout(
     world, generator, requests: list[Request], group: int
-) -> tuple[list[Completion], EngineStats]:
+) -> tuple[list[Completion], SchedulerStats]:
     """This rank's share of `requests` generated in arrival order, every rank's completions
-    gathered back in request order (groups of `group`), and the ranks' engine counters."""
+    gathered back in request order (groups of `group`), and the ranks' scheduler counters."""
     completions, stats = generator.generate(arrival_order(world.share(requests), group))
     completions.sort(key=lambda c: c.request_id)
     return world.gather(completions), sum_stats(world.gather([stats]))
@@ -249,9 +249,11 @@ def step_rewards(
         ) from None
 
 
-def sum_stats(parts: list[EngineStats]) -> EngineStats:
-    """The ranks' engine counters added up (one engine's own at world size 1)."""
-    return EngineStats(**{f.name: sum(getattr(p, f.name) for p in parts) for f in fields(parts[0])})
+def sum_stats(parts: list[SchedulerStats]) -> SchedulerStats:
+    """The ranks' scheduler counters added up (one scheduler's own at world size 1)."""
+    return SchedulerStats(
+        **{f.name: sum(getattr(p, f.name) for p in parts) for f in fields(parts[0])}
+    )
 
 
 def check_finite(cfg: ZklConfig, step: int, lp_gen, lp_train, row: dict[str, Any]) -> None:

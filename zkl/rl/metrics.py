@@ -1,7 +1,7 @@
 """The metrics row of a step: the train/generation mismatch, the rollout, the clock.
 
 Mismatch metrics (docs/design.md section 2) carry NeMo-RL's names. Their inputs are the
-per-token logprobs of the sampled response tokens: `lp_gen` from the generation engine,
+per-token logprobs of the sampled response tokens: `lp_gen` from the scheduler,
 `lp_train` from the train path; `r = lp_train - lp_gen`. Every mean is token-weighted over
 the step. Computed in float64 from the fp32 logprobs, so an exact match gives exactly the
 perfect value of every metric. The corrections' diagnostics are zkl/rl/correction.py's, the
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:  # annotations only
-    from zkl.generation.engine import Completion, EngineStats
+    from zkl.generation.scheduler import Completion, SchedulerStats
 
 PREFIX = "train/"
 
@@ -50,7 +50,7 @@ def mismatch_metrics(lp_train: torch.Tensor, lp_gen: torch.Tensor) -> dict[str, 
 
 def rollout_metrics(
     completions: list[Completion],
-    stats: EngineStats,
+    stats: SchedulerStats,
     rewards: torch.Tensor,
     advantages: torch.Tensor,
 ) -> dict[str, float]:

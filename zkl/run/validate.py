@@ -2,7 +2,7 @@
 
 Each part checks its own keys (its `check` beside its config dataclass); `zkl.run.checks`
 runs them in turn (without torch, so an entry point runs them first), then this module runs
-the checks that span parts: the device with the layout, the engine backend with the machine,
+the checks that span parts: the device with the layout, the scheduler backend with the machine,
 CUDA graphs with the model, vocabulary and positions with the task, the weights with
 `model.checkpoint`, and the memory the whole run needs. An entry point calls `check_run`
 (or `validate_run` for a task it built) before it starts the loop (zkl/rl/loop.py), which
@@ -111,7 +111,7 @@ def _check_backend(cfg: ZklConfig) -> None:
 
 def _check_graphs(cfg: ZklConfig) -> None:
     """`engine.cuda_graphs=on` where the model's decode cannot be captured: refused now, by
-    the rule the engine decides with (zkl.generation.graphs), not by its constructor later."""
+    the rule the scheduler decides with (zkl.generation.graphs), not by its constructor later."""
     if generation_config.graph_setting(cfg.engine.cuda_graphs) != "on":
         return
     if not on_cuda(cfg):

@@ -3,7 +3,7 @@
 Rollouts are a function of (seed, step, weights): requests are seeded from (seed, step, index).
 So the state is the policy (weights, fp32 masters, AdamW), the weight version, the RNG
 states, the next step and the W&B run id, in `run_dir/checkpoint.pt` (zkl/state/checkpoint.py
-writes it). With `kv_invalidate_on_refit` and `quantized_weight_refresh` on, the engine
+writes it). With `kv_invalidate_on_refit` and `quantized_weight_refresh` on, the scheduler
 keeps nothing across a refit that a later step can see, so it needs no saving; with either
 off it reuses state computed with older weights, which is not saved, and such a run refuses
 to resume. A requeued job (`SLURM_RESTART_COUNT` > 0, or a submitit job restarted after a
@@ -49,7 +49,7 @@ def _check_same_config(cfg: ZklConfig, saved: dict[str, Any]) -> None:
 
 
 def _check_engine_state_free(cfg: ZklConfig) -> None:
-    """Refuse a resume that could not be bitwise: the engine's stale state is not saved."""
+    """Refuse a resume that could not be bitwise: the scheduler's stale state is not saved."""
     fixes = invariance.from_config(cfg)
     if cfg.kv.mode == "persist" and "kv_invalidate_on_refit" not in fixes:
         raise ConfigError(

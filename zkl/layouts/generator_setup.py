@@ -1,4 +1,4 @@
-"""The generator's own model and its engine, set up the same way in every layout."""
+"""The generator's own model and its scheduler, set up the same way in every layout."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import torch
 
 from zkl.backends import build_backend_model
 from zkl.device import generator_device
-from zkl.generation.engine import GenerationEngine
+from zkl.generation.scheduler import Scheduler
 from zkl.precision import DTYPES
 
 
-def build_engine(cfg, model: torch.nn.Module, eos_id: int | None) -> GenerationEngine:
-    """The engine over `model`; `sampling.ignore_eos` turns EOS off (fixed-length responses)."""
-    return GenerationEngine(
+def build_scheduler(cfg, model: torch.nn.Module, eos_id: int | None) -> Scheduler:
+    """The scheduler over `model`; `sampling.ignore_eos` turns EOS off (fixed-length responses)."""
+    return Scheduler(
         model,
         max_batch_size=cfg.engine.max_batch_size,
         eos_id=None if cfg.sampling.ignore_eos else eos_id,

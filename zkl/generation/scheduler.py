@@ -1,9 +1,9 @@
-"""The generation engine: continuous batching over prefill and a decode step.
+"""The generation scheduler: continuous batching over prefill and a decode step.
 
 A request joins as soon as a slot frees and leaves at EOS or its token limit, so the batch
 composition changes from one step to the next. The math lives elsewhere: `prefill.prefill`
 fills the new rows' cache and samples their first token, `decode.decode_one_token` is one
-token for every running row. This module is the scheduler: which request holds which slot,
+token for every running row. This module decides which request holds which slot,
 the buffers, and the host's look at finished rows, which happens only every `sync_every`
 decode steps (a finished row idles until then, recomputing its last token, which changes no
 other row). Any model implementing `decode.GenerationModel` (native, hybrid, megatron) runs.
@@ -58,7 +58,7 @@ class Completion:
 
 
 @dataclass
-class EngineStats:
+class SchedulerStats:
     decode_steps: int = 0
     prefill_tokens: int = 0
     prefix_hit_tokens: int = 0
@@ -69,7 +69,7 @@ class EngineStats:
     joined_running: int = 0  # requests admitted while others were mid-decode
 
 
-class GenerationEngine:
+class Scheduler:
     """Continuous batching of `max_batch_size` slots over one model.
 
     Kept across calls: the weight version, the prefix cache (persist mode), quantized weight
@@ -100,7 +100,7 @@ class GenerationEngine:
         self.prefix_cache = PrefixCache(prefix_cache_blocks) if kv_mode == "persist" else None
         self.weight_version = 0
         self.quant_cache: dict[int, torch.Tensor] = {}  # quantized weights, filled lazily
-        self.stats = EngineStats()
+        self.stats = SchedulerStats()
         self.decoder = self._graph_decoder(cuda_graphs)
         self._static: tuple[KVCache, SlotState] | None = None  # what the graphs read
 
@@ -140,7 +140,7 @@ class GenerationEngine:
     @torch.no_grad()
     def generate(self, requests: list[Request]) -> list[Completion]:
         """Run every request to EOS or its limit; completions come back in request order."""
-        stats = self.stats = EngineStats()
+        stats = self.stats = SchedulerStats()
         max_new = max(r.params.max_new_tokens for r in requests)
         max_len = max(len(r.prompt) for r in requests) + max_new
         check_positions(self.model.cfg, max_len, "a prompt plus sampling.max_new_tokens needs")
@@ -179,7 +179,7 @@ class GenerationEngine:
                     stats.decode_s += time.perf_counter() - t0
         return [done[r.request_id] for r in requests]
 
-    def _prefill(self, cache, state, admitted, sampler: Sampler, stats: EngineStats) -> None:
+    def _prefill(self, cache, state, admitted, sampler: Sampler, stats: SchedulerStats) -> None:
         rows = [Admitted(slot, r.prompt, r.params) for slot, r in admitted]
         counts = prefill(
             self.model,

@@ -18,8 +18,8 @@ echo "bench rc=$?" >> "$OUT/bench_moe.log"
 cp /tmp/bench_moe/bench.json "$OUT/bench_moe.json" 2>/dev/null
 timeout "${DENSE_S:-120}" python3 - > "$OUT/dense_b64.log" 2>&1 <<'PY'
 import json, torch
-from zkl.experiments.bench_cuda import _generation_rows
-from zkl.experiments.roofline import copy_bandwidth
+from zkl.lab.bench_cuda import _generation_rows
+from zkl.lab.roofline import copy_bandwidth
 from zkl.models import build_model
 from zkl.run.compose import compose
 cfg = compose(["model=qwen2_5_1_5b", "task.name=residue", "device=cuda"]).model

@@ -14,13 +14,13 @@ for stage in $STAGES; do
         > "$OUT/pytest_gpu.log" 2>&1; echo "pytest rc=$?" >> "$OUT/pytest_gpu.log" ;;
     attn)
       timeout "${ATTN_S:-150}" python3 -c "
-import json, zkl.experiments.bench_attention as b
-from zkl.experiments.timing import format_table
+import json, zkl.lab.bench_attention as b
+from zkl.lab.timing import format_table
 r = {**b.forward_rows(), **b.decode_rows()}
 print(format_table(r)); json.dump(r, open('$OUT/attention.json', 'w'), indent=1)
 " > "$OUT/attention.log" 2>&1; echo "attn rc=$?" >> "$OUT/attention.log" ;;
     eager)
-      timeout "${EAGER_S:-120}" python3 -m zkl.experiments.profile_eager > "$OUT/eager.log" 2>&1
+      timeout "${EAGER_S:-120}" python3 -m zkl.lab.profile_eager > "$OUT/eager.log" 2>&1
       echo "eager rc=$?" >> "$OUT/eager.log" ;;
   esac
 done

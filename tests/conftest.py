@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from zkl.experiments.schema import BenchRunConfig, CertRunConfig
+from zkl.cert.schema import CertRunConfig
+from zkl.lab.schema import BenchRunConfig
 from zkl.run.compose import compose
 from zkl.run.schema import ZklConfig
 

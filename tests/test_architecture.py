@@ -7,7 +7,8 @@
 - A function-local import of a zkl module keeps an optional dependency lazy and says so
   (a comment with the word "optional" on its line or the line above); in an entry point it
   may keep torch unloaded until the command line and config are checked (the word "lazy").
-- The core knows nothing of the experiments: nothing under `zkl/run` imports `zkl.experiments`.
+- The core knows nothing of the certificate and the lab: nothing under `zkl/run` imports
+  `zkl.cert` or `zkl.lab`.
 - The algorithm sits between: the trainer imports nothing of `zkl.rl` (it is handed the loss),
   and `zkl.rl` nothing of `zkl.run` (an entry point checks the config before the loop starts).
 - No module over 400 lines but the Triton kernels.
@@ -29,10 +30,10 @@ PACKAGE = ROOT / "zkl"
 ENTRY_POINTS = {
     "zkl.__main__",
     "zkl.cli",
-    "zkl.cert",
+    "zkl.cert.__main__",
     "zkl.bench",
     "zkl.report.__main__",
-    "zkl.experiments.warm_start",
+    "zkl.lab.warm_start",
 }
 MAX_LINES = 400
 KERNELS = PACKAGE / "ops" / "triton"
@@ -167,12 +168,13 @@ def test_function_local_imports_keep_an_optional_dependency_lazy():
     assert unexplained == []
 
 
-def test_the_core_run_imports_no_experiment():
+def test_the_core_run_imports_neither_the_certificate_nor_the_lab():
     """`python -m zkl` composes, checks and runs a config that holds no cert.* or bench.*."""
     graph = import_graph()
     for module in MODULES:
         if module == "zkl.run" or module.startswith("zkl.run."):
-            assert not {t for t in graph[module] if t.startswith("zkl.experiments")}, module
+            above = {t for t in graph[module] if part(t) in ("zkl.cert", "zkl.lab")}
+            assert not above, module
 
 
 def test_the_trainer_is_handed_the_algorithm_and_the_loop_a_checked_config():

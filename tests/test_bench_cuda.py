@@ -10,10 +10,10 @@ from conftest import make_cfg
 from zkl.models import ModelConfig, build_model
 
 pytest.importorskip("triton")
-from zkl.experiments import bench_cuda, bench_gemm  # noqa: E402
-from zkl.experiments.roofline import decode_bytes, moe_layers  # noqa: E402
-from zkl.experiments.timing import format_table  # noqa: E402
-from zkl.experiments.workload import MODES, NEW_TOKENS, PROMPT_LEN, bench_requests  # noqa: E402
+from zkl.lab import bench_cuda, bench_gemm  # noqa: E402
+from zkl.lab.roofline import decode_bytes, moe_layers  # noqa: E402
+from zkl.lab.timing import format_table  # noqa: E402
+from zkl.lab.workload import MODES, NEW_TOKENS, PROMPT_LEN, bench_requests  # noqa: E402
 
 
 def test_decode_bytes_counts_weights_once_and_the_live_kv():
@@ -104,7 +104,7 @@ def test_transformers_peer_of_the_bench_holds_the_same_weights():
     """The bench's transformers row runs zkl's weights: fused q/k/v and gate/up are split back
     into HF's projections, and HF's logits match zkl's (bf16, tolerance 2e-2)."""
     pytest.importorskip("transformers")
-    from zkl.experiments.bench_hf import hf_model
+    from zkl.lab.bench_hf import hf_model
 
     cfg = ModelConfig(family="qwen2", tie_word_embeddings=True, qk_norm=False, qkv_bias=True)
     model = build_model(cfg, torch.bfloat16, seed=1)

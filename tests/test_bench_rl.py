@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from zkl.errors import ConfigError
-from zkl.experiments import bench_rl
-from zkl.experiments.config import BenchConfig, check_bench
-from zkl.experiments.schema import BenchRunConfig
+from zkl.lab import bench_rl
+from zkl.lab.config import BenchConfig, check_bench
+from zkl.lab.schema import BenchRunConfig
 from zkl.run.compose import compose
 
 

@@ -14,10 +14,10 @@ from conftest import SMALL, cert_cfg
 from omegaconf import OmegaConf
 
 from zkl import invariance
+from zkl.cert import ablation
+from zkl.cert.beds import beds, plan
+from zkl.cert.certificate import execute, run_cert
 from zkl.errors import ConfigError
-from zkl.experiments import ablation
-from zkl.experiments.beds import beds, plan
-from zkl.experiments.cert import execute, run_cert
 
 pytestmark = pytest.mark.slow  # whole experiments: `pytest -m "not slow"` skips them
 

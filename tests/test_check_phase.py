@@ -57,7 +57,7 @@ def truncated(directory: Path) -> Path:
 
 def probe(module: str, args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
     """`python -m module args` through the probe; a Hydra entry point runs in tmp_path/run."""
-    if module != "zkl.experiments.warm_start":
+    if module != "zkl.lab.warm_start":
         args = [*args, f"hydra.run.dir={tmp_path / 'run'}"]
     else:
         args = [str(tmp_path / "out"), *args]
@@ -72,7 +72,7 @@ CASES = [
     ("zkl.cert", lambda t: [f"model.checkpoint={truncated(t / 'c')}"], "is truncated: tensor"),
     ("zkl.bench", lambda t: [f"model.checkpoint={t / 'missing'}"], "missing does not exist"),
     (
-        "zkl.experiments.warm_start",
+        "zkl.lab.warm_start",
         lambda t: [f"model.checkpoint={truncated(t / 'c')}"],
         "model.safetensors is truncated",
     ),
@@ -92,7 +92,7 @@ CASES = [
         "has no tokenizer.json",
     ),
     (
-        "zkl.experiments.warm_start",
+        "zkl.lab.warm_start",
         lambda t: [
             f"model.checkpoint={with_tokenizer(t / 'c')}",
             "task=dataset",

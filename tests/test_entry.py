@@ -31,7 +31,7 @@ def test_python_m_zkl_writes_zero_metrics(tmp_path):
 def test_bench_measures_both_modes(tmp_path):
     from conftest import SMALL, bench_cfg
 
-    from zkl.experiments.bench import run_bench
+    from zkl.lab.bench import run_bench
 
     result = run_bench(bench_cfg(*SMALL), tmp_path)
     assert result["zero/gen_tokens_per_s"] > 0 and result["default/gen_tokens_per_s"] > 0

@@ -8,8 +8,8 @@ import pytest
 from conftest import cert_cfg
 from test_hostile_input import assert_refused_before_work, run_entry
 
+from zkl.cert.beds import bed_dir, folder_name, plan
 from zkl.errors import ConfigError
-from zkl.experiments.beds import bed_dir, folder_name, plan
 
 BAD = ["../../../x", "..", "/tmp/abs", "a/b", "a b", ".hidden", "x\n", "é", "a\\b", "", "x" * 201]
 

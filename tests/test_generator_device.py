@@ -17,7 +17,7 @@ from conftest import fake_gpus, make_cfg
 from zkl import memory
 from zkl.device import generator_device
 from zkl.errors import ConfigError
-from zkl.experiments.transport_peak import peak_gb_per_s
+from zkl.lab.transport_peak import peak_gb_per_s
 from zkl.layouts.dedicated import DedicatedGenerator
 from zkl.run.validate import validate
 from zkl.trainer.build import build_policy

@@ -318,7 +318,7 @@ def test_tiles_agree_on_this_device_and_rows_are_m_invariant():
 def test_hybrid_bench_on_cuda_times_the_mamba_fix(tmp_path):
     """On CUDA a hybrid's bench is its decode with `mamba_chunked_decode` on vs off, not the
     dense CUDA table (whose graphs a Mamba decode cannot use)."""
-    from zkl.experiments.bench import run_bench
+    from zkl.lab.bench import run_bench
 
     result = run_bench(bench_cfg("model=tiny_hybrid", "device=cuda", *SMALL), tmp_path)
     assert result["ratio/decode_time_mamba_fix_on_over_off"] > 0

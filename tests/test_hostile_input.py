@@ -241,7 +241,7 @@ def test_a_diverged_update_stops_the_run_after_logging_its_step(tmp_path):
 
 
 def test_cert_fails_a_diverged_bed_and_certifies_the_rest(tmp_path):
-    from zkl.experiments.cert import run_cert
+    from zkl.cert.certificate import run_cert
 
     cfg = cert_cfg("rl.lr=1e30", "cert.steps=2", "cert.models=[tiny_dense,tiny_moe]")
     rows = run_cert(cfg, tmp_path)

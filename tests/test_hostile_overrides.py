@@ -155,8 +155,9 @@ def test_a_group_given_twice_is_refused(overrides, group):
 
 
 def test_the_cert_and_bench_keys_are_not_the_core_runs():
-    from zkl.experiments.schema import BenchRunConfig, CertRunConfig
+    from zkl.cert.schema import CertRunConfig
     from zkl.help import help_text
+    from zkl.lab.schema import BenchRunConfig
     from zkl.run.schema import ZklConfig
 
     assert not {"cert", "bench"} & {f.name for f in dataclasses.fields(ZklConfig)}

@@ -14,7 +14,7 @@ import torch
 from conftest import SMALL, make_cfg
 from test_faults import finish, generation_child, start, wait_for_step
 
-from zkl.experiments.transport_peak import peak_gb_per_s
+from zkl.lab.transport_peak import peak_gb_per_s
 from zkl.layouts.dedicated import DedicatedGenerator
 from zkl.rl.loop import run
 from zkl.tracking.run_log import read_metrics

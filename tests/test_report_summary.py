@@ -5,8 +5,8 @@ name, a colour per arm, equal curves in sight and signed diagnostics on a linear
 
 tests/data/treatments_sweep is `sweeps/mismatch_treatments.yaml` run small on a CPU, each
 run's config.yaml and metrics.jsonl kept (12 arms, 4 steps, validation every 2 steps):
-    python -m zkl.experiments.warm_start warm_start/tiny_dense --steps 20 num_threads=1
-    python -m zkl.experiments.warm_start warm_start/tiny_moe model=tiny_moe --steps 20 num_threads=1
+    python -m zkl.lab.warm_start warm_start/tiny_dense --steps 20 num_threads=1
+    python -m zkl.lab.warm_start warm_start/tiny_moe model=tiny_moe --steps 20 num_threads=1
     python -m zkl -m --config-dir sweeps --config-name mismatch_treatments rl.steps=4 \
         rl.val_every=2 rl.val_prompts=8 rl.prompts_per_step=4 rl.samples_per_prompt=4 \
         tracking.wandb.mode=disabled

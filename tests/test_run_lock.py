@@ -125,8 +125,8 @@ def test_cert_refuses_a_run_directory_in_use_and_writes_nothing(tmp_path):
 def test_a_cert_bed_directory_is_locked_by_its_run(tmp_path):
     from conftest import cert_cfg
 
-    from zkl.experiments.beds import bed_dir, plan
-    from zkl.experiments.cert import run_cert
+    from zkl.cert.beds import bed_dir, plan
+    from zkl.cert.certificate import run_cert
 
     cfg = cert_cfg("cert.steps=2")
     bed = bed_dir(tmp_path, plan(cfg)[0])

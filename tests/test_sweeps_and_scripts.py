@@ -35,7 +35,7 @@ def _env():
     return {**os.environ, "PYTHONPATH": str(REPO)}
 
 
-WARM_START = "python -m zkl.experiments.warm_start "
+WARM_START = "python -m zkl.lab.warm_start "
 
 
 def _header_commands(sweep: str) -> list[str]:
@@ -170,15 +170,13 @@ def test_probe_decode_rows_names_the_op_that_breaks_a_row():
 
 def test_every_script_and_experiment_the_docs_name_exists():
     """A renamed or removed script leaves no stale command behind: every `scripts/<file>` and
-    `python -m zkl.experiments.<module>` in the README, docs/ and scripts/ names a file."""
+    `python -m zkl.lab.<module>` in the README, docs/ and scripts/ names a file."""
     texts = [REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "scripts").iterdir()]
     named: set[str] = set()
     for path in texts:
         text = path.read_text()
         named |= set(re.findall(r"\bscripts/[\w.]+\.(?:py|sh)\b", text))
-        named |= {
-            "zkl/experiments/" + m + ".py" for m in re.findall(r"-m zkl\.experiments\.(\w+)", text)
-        }
+        named |= {"zkl/lab/" + m + ".py" for m in re.findall(r"-m zkl\.lab\.(\w+)", text)}
     assert named, "the pattern finds nothing: the test would pass vacuously"
     assert sorted(n for n in named if not (REPO / n).is_file()) == []
     for script in (REPO / "scripts").glob("*.sh"):  # each runbook at least parses

@@ -273,7 +273,7 @@ def test_a_disagreeing_group_tile_pins_the_grouped_gemm_to_the_fixed_tile(monkey
 def test_gemm_tile_override_computes_the_same_product():
     """`gemm(config=...)` (the bench's tile candidates) runs the given tiles: every candidate
     indexes and masks right on a shape no tile divides (interpreter, fp16)."""
-    from zkl.experiments.bench_gemm import TILE_CANDIDATES
+    from zkl.lab.bench_gemm import TILE_CANDIDATES
 
     g = torch.Generator().manual_seed(1)
     x = torch.randn(70, 200, generator=g).to(torch.float16)

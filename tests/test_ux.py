@@ -213,7 +213,7 @@ def test_an_offline_wandb_run_ends_saying_where_it_is_and_how_to_sync_it(tmp_pat
 
 
 def test_bench_says_where_it_wrote(tmp_path, capsys):
-    from zkl.experiments.bench import say, write_result
+    from zkl.lab.bench import say, write_result
 
     say("round 1/5 done")
     write_result({"threads": 1, "zero/gen_tokens_per_s": 2.5}, tmp_path)

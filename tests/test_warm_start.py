@@ -1,4 +1,4 @@
-"""The supervised warm start (`python -m zkl.experiments.warm_start`): it learns the task, its
+"""The supervised warm start (`python -m zkl.lab.warm_start`): it learns the task, its
 checkpoint is what `model.checkpoint` reads, and what it cannot do stops before any step."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from conftest import make_cfg
 
 from zkl.data.tasks import build_task
 from zkl.errors import ConfigError
-from zkl.experiments.supervised import accuracy, warm_start
+from zkl.lab.supervised import accuracy, warm_start
 from zkl.models import build_model
 
 
@@ -37,7 +37,7 @@ def test_it_learns_add_and_writes_what_model_checkpoint_reads(tmp_path):
 )
 def test_what_it_cannot_do_is_one_sentence_before_any_step(overrides, words, tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "zkl.experiments.warm_start", str(tmp_path / "w"), *overrides],
+        [sys.executable, "-m", "zkl.lab.warm_start", str(tmp_path / "w"), *overrides],
         capture_output=True,
         text=True,
     )

@@ -1,4 +1,4 @@
-"""`python -m zkl.bench`: what zero mode costs, side by side (`zkl.experiments.bench`).
+"""`python -m zkl.bench`: what zero mode costs, side by side (`zkl.lab.bench`).
 
 `--help`, a refused command line and each part's keys and input files (`zkl.run.checks`)
 answer before the benchmark (and torch) loads.
@@ -10,7 +10,7 @@ import hydra
 from omegaconf import DictConfig
 
 from zkl.cli import hydra_entry, job
-from zkl.experiments.schema import BenchRunConfig
+from zkl.lab.schema import BenchRunConfig
 from zkl.run.checks import check_composed
 from zkl.run.schema import CONF_DIR
 
@@ -23,7 +23,7 @@ def main(dcfg: DictConfig) -> None:
 def bench(dcfg: DictConfig) -> None:
     check_composed(dcfg)  # each part's keys and files, before torch loads
     # lazy: torch and the benchmark load once the config has passed its checks
-    from zkl.experiments.bench import bench as run
+    from zkl.lab.bench import bench as run
 
     run(dcfg)
 

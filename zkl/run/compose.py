@@ -33,8 +33,8 @@ def to_object(cfg: DictConfig, overrides: list[str] | None = None) -> ZklConfig:
 
 
 def compose(overrides: list[str] | None = None, schema: type = ZklConfig) -> ZklConfig:
-    """The config `python -m zkl <overrides>` would run with (for tests and scripts); with an
-    experiment's schema (`zkl.experiments.schema`), the one its entry point would run with."""
+    """The config `python -m zkl <overrides>` would run with (for tests and scripts); with
+    `zkl.cert.schema`'s or `zkl.lab.schema`'s, the one its entry point would run with."""
     normalized = normalize(list(overrides or []))
     return to_object(compose_dict(normalized, schema), normalized)
 

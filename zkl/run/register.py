@@ -2,8 +2,8 @@
 and Hydra's composition of a list of overrides outside `@hydra.main`; no torch.
 
 Each entry point registers its own schema under one name (`ZklConfig` for `python -m zkl`,
-the experiments' extensions for `zkl.cert` and `zkl.bench`); conf/config.yaml's first
-default names it, so the same YAML serves all three.
+its extensions in `zkl.cert.schema` and `zkl.lab.schema` for `zkl.cert` and `zkl.bench`);
+conf/config.yaml's first default names it, so the same YAML serves all three.
 """
 
 from __future__ import annotations

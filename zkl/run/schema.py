@@ -2,7 +2,8 @@
 
 Each group's dataclass lives in the part that reads it; this module only composes them, so
 a misspelt key fails with Hydra's own error (and one added with `+`, in `to_object`). The
-experiments extend it with their own keys (`zkl.experiments.schema`: `cert.*`, `bench.*`);
+certificate and the benchmark extend it with their own keys (`zkl.cert.schema`: `cert.*`;
+`zkl.lab.schema`: `bench.*`);
 a training run knows nothing of them.
 """
 

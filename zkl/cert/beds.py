@@ -11,12 +11,12 @@ import re
 from pathlib import Path
 
 from zkl import environment, invariance
+from zkl.cert import ablation
+from zkl.cert.ablation import Mode
+from zkl.cert.certify import check
+from zkl.cert.config import check_cert
+from zkl.cert.schema import CertRunConfig
 from zkl.errors import ConfigError
-from zkl.experiments import ablation
-from zkl.experiments.ablation import Mode
-from zkl.experiments.certify import check
-from zkl.experiments.config import check_cert
-from zkl.experiments.schema import CertRunConfig
 from zkl.run.compose import with_group_option
 
 AXES = {"model": "models", "precision": "precisions", "layout": "layouts", "kv": "kv"}

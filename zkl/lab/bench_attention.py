@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from zkl import invariance
-from zkl.experiments.timing import cuda_time, graph_time
+from zkl.lab.timing import cuda_time, graph_time
 from zkl.ops import cuda, fa4
 from zkl.ops.triton import attention as attn
 

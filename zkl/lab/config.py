@@ -1,5 +1,5 @@
-"""The experiments' config: `cert.*` (python -m zkl.cert) and `bench.*` (python -m zkl.bench),
-with the checks of their own keys; a leaf that `zkl.experiments.schema` adds to the core's."""
+"""`bench.*` (python -m zkl.bench) and the check of its own keys; a leaf that
+`zkl.lab.schema` adds to the core's."""
 
 from __future__ import annotations
 
@@ -9,22 +9,10 @@ from zkl.errors import ConfigError
 
 
 @dataclass
-class CertConfig:
-    """The bed axes: null certifies the config's own group; a list, one bed per option."""
-
-    steps: int = 0  # 0: step-0 certification; N (>= 2): N real GRPO steps per bed
-    ablate: bool = False
-    models: list[str] | None = None
-    precisions: list[str] | None = None
-    layouts: list[str] | None = None
-    kv: list[str] | None = None
-
-
-@dataclass
 class BenchConfig:
     """`python -m zkl.bench` on CUDA: the short table, or RL shapes (PROMPTxRESPONSExROLLOUTS)."""
 
-    workload: str = "short"  # short (zkl.bench_cuda's table) | rl (zkl.bench_rl)
+    workload: str = "short"  # short (zkl.lab.bench_cuda's table) | rl (zkl.lab.bench_rl)
     gen_shapes: list[str] = field(
         default_factory=lambda: [
             "1024x1024x64", "1024x4096x64", "4096x1024x64", "4096x4096x64",
@@ -32,18 +20,6 @@ class BenchConfig:
         ]
     )  # fmt: skip
     step_shapes: list[str] = field(default_factory=lambda: ["4096x4096x64"])
-
-
-def check_cert(cert: CertConfig) -> None:
-    """One sentence naming the cert.* key whose value cannot work (the bed axes' options are
-    checked as the beds are planned, `zkl.experiments.beds`)."""
-    if cert.steps < 0:
-        raise ConfigError(f"cert.steps={cert.steps} must be >= 0.")
-    if cert.steps == 1:
-        raise ConfigError(
-            "cert.steps=1 certifies no refit (its one rollout sees the initial weights); "
-            "use 0 for step-0 or at least 2."
-        )
 
 
 def check_bench(bench: BenchConfig, on_cuda: bool) -> None:

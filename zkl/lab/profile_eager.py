@@ -1,7 +1,7 @@
 """Where an eager (no CUDA graphs) decode step's time goes: cProfile of `generate` for
 qwen2_5_1_5b at 16 slots, 64-96-token prompts, 64 new tokens.
 
-    python -m zkl.experiments.profile_eager [OVERRIDE ...]
+    python -m zkl.lab.profile_eager [OVERRIDE ...]
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import time
 import torch
 
 from zkl import invariance
-from zkl.experiments.workload import MODES, bench_requests
 from zkl.generation.scheduler import Scheduler
+from zkl.lab.workload import MODES, bench_requests
 from zkl.layouts.generator_setup import build_generation_model
 from zkl.run.compose import compose
 

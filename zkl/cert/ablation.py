@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from zkl import invariance
+from zkl.cert.schema import CertRunConfig
 from zkl.device import resolve_device
-from zkl.experiments.schema import CertRunConfig
 from zkl.run.compose import with_group_option
 
 

@@ -36,13 +36,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from zkl import invariance
+from zkl.cert import ablation
+from zkl.cert.beds import Run, bed_dir, plan
+from zkl.cert.certify import certify
+from zkl.cert.schema import CertRunConfig
 from zkl.console import say
 from zkl.device import resolve_device
 from zkl.errors import NonFinite
-from zkl.experiments import ablation
-from zkl.experiments.beds import Run, bed_dir, plan
-from zkl.experiments.certify import certify
-from zkl.experiments.schema import CertRunConfig
 from zkl.run.compose import to_object
 from zkl.state import run_lock
 

@@ -1,5 +1,5 @@
 """How one bed is certified: step-0 schedules compared token by token, or N real GRPO steps
-each exactly zero and each trained (the module docstring of `zkl.experiments.cert`)."""
+each exactly zero and each trained (the module docstring of `zkl.cert.certificate`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 import torch
 
 from zkl import invariance
+from zkl.cert.schema import CertRunConfig
 from zkl.data.tasks import build_task
 from zkl.errors import ConfigError
-from zkl.experiments.schema import CertRunConfig
 from zkl.generation.scheduler import Request
 from zkl.layouts import build_generator
 from zkl.rl import loop

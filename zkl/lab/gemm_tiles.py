@@ -1,11 +1,11 @@
 """Which GEMM kernel forms and tiles are fast on a GPU, and which give the fixed tile's bits.
 
-    python -m zkl.experiments.gemm_tiles OUT.jsonl   (one JSON line per (shape, variant))
+    python -m zkl.lab.gemm_tiles OUT.jsonl   (one JSON line per (shape, variant))
 
 Variants: `ptr` (zkl's kernel, pointer loads) over many tiles; `tma` (TMA descriptor loads,
 one tile per program); `tma_persist` (TMA, persistent over tiles); `splitk<S>` (K cut in S
 fixed parts, summed in order: other bits, timed to know the price). Every time is 10 calls
-replayed from one CUDA graph (`zkl.experiments.timing.graph_time`), so small decode GEMMs are not
+replayed from one CUDA graph (`zkl.lab.timing.graph_time`), so small decode GEMMs are not
 launch-bound. What it found chose `zkl.ops.triton.gemm.config_for`'s tiles (docs/gpu.md).
 """
 
@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from zkl.experiments import timing
+from zkl.lab import timing
 from zkl.ops.triton.gemm import (
     GROUP_M,
     fixed_config,

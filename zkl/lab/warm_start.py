@@ -1,6 +1,6 @@
-"""The supervised warm start's command line (`zkl.experiments.supervised` says what it does).
+"""The supervised warm start's command line (`zkl.lab.supervised` says what it does).
 
-    python -m zkl.experiments.warm_start OUT [--steps 60] [--lr 3e-3] [group=option key=value ...]
+    python -m zkl.lab.warm_start OUT [--steps 60] [--lr 3e-3] [group=option key=value ...]
 
 The overrides are those of `python -m zkl`, checked as its are before torch loads (the keys,
 `model.checkpoint`'s files, a dataset task's files, tokenizer and reward: `zkl.run.checks`),
@@ -16,7 +16,7 @@ from zkl.cli import guarded
 from zkl.run.checks import check_overrides
 from zkl.run.overrides import normalize
 
-PROG = "python -m zkl.experiments.warm_start"
+PROG = "python -m zkl.lab.warm_start"
 
 
 def main() -> None:
@@ -33,13 +33,13 @@ def main() -> None:
     def body() -> None:
         dcfg = check_overrides(args.overrides)  # before torch loads
         # lazy: torch and the training load once the config has passed its checks
-        from zkl.experiments.supervised import warm_start
+        from zkl.lab.supervised import warm_start
         from zkl.run.compose import to_object  # lazy: reads a checkpoint (torch)
 
         cfg = to_object(dcfg, normalize(args.overrides))
         warm_start(args.out, cfg, args.steps, args.lr, args.batch)
 
-    guarded("zkl.experiments.warm_start", body)
+    guarded("zkl.lab.warm_start", body)
 
 
 if __name__ == "__main__":

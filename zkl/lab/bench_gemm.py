@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from zkl.experiments.timing import graph_time
-from zkl.experiments.workload import TRAIN_LEN, TRAIN_SEQS
+from zkl.lab.timing import graph_time
+from zkl.lab.workload import TRAIN_LEN, TRAIN_SEQS
 from zkl.ops.triton.gemm import config_for, fixed_config, gemm
 
 

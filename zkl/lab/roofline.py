@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from zkl.experiments.timing import cuda_time
+from zkl.lab.timing import cuda_time
 
 
 def copy_bandwidth() -> float:

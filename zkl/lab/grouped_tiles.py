@@ -1,6 +1,6 @@
 """The MoE decode step on a GPU: where its time goes, and the grouped GEMM's tiles.
 
-    python -m zkl.experiments.grouped_tiles OUT_DIR [OVERRIDE ...]  (default: the 30B-A3B cut)
+    python -m zkl.lab.grouped_tiles OUT_DIR [OVERRIDE ...]  (default: the 30B-A3B cut)
 
 Writes OUT_DIR/profile_moe_b64_{zero,default}.txt (one eager decode step at batch 64) and
 OUT_DIR/grouped_tiles.json: at the cut's expert shapes (fused gate/up and down, the rows of
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from zkl.experiments.bench_cuda import profile_decode_step
-from zkl.experiments.timing import graph_time
-from zkl.experiments.workload import MODES
+from zkl.lab.bench_cuda import profile_decode_step
+from zkl.lab.timing import graph_time
+from zkl.lab.workload import MODES
 from zkl.models import build_model
 from zkl.models.moe import group_by_expert
 from zkl.ops.triton import gemm

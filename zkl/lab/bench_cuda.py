@@ -26,11 +26,14 @@ from torch.profiler import ProfilerActivity, profile
 
 from zkl import invariance
 from zkl.console import say
-from zkl.experiments.bench_gemm import gemm_rows
-from zkl.experiments.bench_hf import hf_generate
-from zkl.experiments.roofline import copy_bandwidth, decode_bytes, moe_layers
-from zkl.experiments.timing import cuda_time
-from zkl.experiments.workload import (
+from zkl.generation.decode import Sampler, decode_one_token
+from zkl.generation.prefill import Admitted, prefill
+from zkl.generation.scheduler import Scheduler
+from zkl.lab.bench_gemm import gemm_rows
+from zkl.lab.bench_hf import hf_generate
+from zkl.lab.roofline import copy_bandwidth, decode_bytes, moe_layers
+from zkl.lab.timing import cuda_time
+from zkl.lab.workload import (
     MODES,
     NEW_TOKENS,
     PROMPT_LEN,
@@ -38,9 +41,6 @@ from zkl.experiments.workload import (
     TRAIN_SEQS,
     bench_requests,
 )
-from zkl.generation.decode import Sampler, decode_one_token
-from zkl.generation.prefill import Admitted, prefill
-from zkl.generation.scheduler import Scheduler
 from zkl.precision import weight_cache
 from zkl.trainer.scoring import sequence_logprobs
 

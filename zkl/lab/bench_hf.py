@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from zkl.experiments.timing import cuda_time
-from zkl.experiments.workload import NEW_TOKENS, bench_requests
+from zkl.lab.timing import cuda_time
+from zkl.lab.workload import NEW_TOKENS, bench_requests
 from zkl.models.hf_export import hf_config, hf_state_dict
 from zkl.models.qwen_family import QWEN2
 from zkl.models.registry import family

@@ -27,12 +27,12 @@ from omegaconf import DictConfig
 from zkl import console, invariance, threads
 from zkl.data.tasks import build_task
 from zkl.device import resolve_device
-from zkl.experiments import bench_rl
-from zkl.experiments.config import check_bench
-from zkl.experiments.schema import BenchRunConfig
-from zkl.experiments.timing import format_table
-from zkl.experiments.transport_peak import peak_gb_per_s
-from zkl.experiments.workload import MODES
+from zkl.lab import bench_rl
+from zkl.lab.config import check_bench
+from zkl.lab.schema import BenchRunConfig
+from zkl.lab.timing import format_table
+from zkl.lab.transport_peak import peak_gb_per_s
+from zkl.lab.workload import MODES
 from zkl.layouts import build_generator
 from zkl.layouts.generator_setup import build_scheduler
 from zkl.layouts.refit import refit_payload
@@ -161,7 +161,7 @@ def write_result(result: dict, run_dir: str | Path) -> dict:
 
 def run_cuda(model: torch.nn.Module, run_dir: str | Path) -> dict:
     """The CUDA table (`bench_cuda`): bench.json, and a profile of one decode step per mode."""
-    from zkl.experiments import bench_cuda  # needs Triton, optional on the CPU
+    from zkl.lab import bench_cuda  # needs Triton, optional on the CPU
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

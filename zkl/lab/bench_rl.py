@@ -27,9 +27,9 @@ import torch
 
 from zkl import invariance, memory
 from zkl.data.tasks import ResidueTask, build_task
-from zkl.experiments.roofline import copy_bandwidth, decode_bytes
-from zkl.experiments.workload import MODES
 from zkl.generation.scheduler import Scheduler
+from zkl.lab.roofline import copy_bandwidth, decode_bytes
+from zkl.lab.workload import MODES
 from zkl.layouts import build_generator
 from zkl.rl.loop import make_requests, train_step
 from zkl.rl.loss import grpo_loss

@@ -6,8 +6,8 @@ weights learn the answer's format and then the most common sum, and stop there (
 agrees, so every advantage is 0; docs/treatments.md). A few supervised steps on the task's
 own (prompt, right response) pairs give a model that is right on part of the validation set,
 which GRPO then improves. The weights go to OUT as an HF checkpoint (`zkl.models.hf_export`),
-read back with `model.checkpoint=OUT`. `python -m zkl.experiments.warm_start OUT` runs it
-(`zkl.experiments.warm_start`, its command line).
+read back with `model.checkpoint=OUT`. `python -m zkl.lab.warm_start OUT` runs it
+(`zkl.lab.warm_start`, its command line).
 
 The overrides are those of `python -m zkl` (the model, the task, `seed`, `device`,
 `num_threads`); the problems are a draw apart from any GRPO run's. The loss is the token

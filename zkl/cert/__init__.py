@@ -1,0 +1,1 @@
+"""The certificate: `python -m zkl.cert` certifies beds bitwise (`zkl.cert.certificate`)."""

@@ -20,7 +20,7 @@ timeout "${DENSE_S:-120}" python3 - > "$OUT/dense_b64.log" 2>&1 <<'PY'
 import json, torch
 from zkl.lab.bench_cuda import _generation_rows
 from zkl.lab.roofline import copy_bandwidth
-from zkl.models import build_model
+from zkl.models.build import build_model
 from zkl.run.compose import compose
 cfg = compose(["model=qwen2_5_1_5b", "task.name=residue", "device=cuda"]).model
 model = build_model(cfg, torch.bfloat16, seed=0, device="cuda")

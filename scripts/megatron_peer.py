@@ -11,7 +11,7 @@ import torch
 
 from zkl import invariance
 from zkl.megatron.model import build_megatron_model
-from zkl.models import build_model
+from zkl.models.build import build_model
 from zkl.run.compose import compose
 from zkl.trainer.scoring import sequence_logprobs
 

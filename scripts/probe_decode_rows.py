@@ -22,8 +22,8 @@ import torch
 from zkl import invariance, ops
 from zkl.generation.sampling import SamplingParams
 from zkl.generation.scheduler import Request, Scheduler
-from zkl.models import build_model
-from zkl.precision import DTYPES
+from zkl.models.build import build_model
+from zkl.precision.recipes import DTYPES
 from zkl.run.compose import compose
 from zkl.trainer.scoring import score
 

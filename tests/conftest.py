@@ -42,7 +42,8 @@ SMALL = ["rl.prompts_per_step=4", "rl.samples_per_prompt=4"]
 
 def small_model(moe: bool = False, seed: int = 3) -> torch.nn.Module:
     """The schema's default-sized Qwen3 (or a 4-expert Qwen3-MoE) in bf16, seeded."""
-    from zkl.models import ModelConfig, build_model
+    from zkl.models.build import build_model
+    from zkl.models.config import ModelConfig
 
     cfg = ModelConfig(
         family="qwen3_moe" if moe else "qwen3",

@@ -6,10 +6,10 @@ from __future__ import annotations
 import runpy
 import sys
 
-import zkl.models
+import zkl.models.build
 
 MARK = "entry_runner: a model was built"
-_build = zkl.models.build_model
+_build = zkl.models.build.build_model
 
 
 def _announced_build(*args, **kwargs):
@@ -18,6 +18,6 @@ def _announced_build(*args, **kwargs):
 
 
 if __name__ == "__main__":
-    zkl.models.build_model = _announced_build
+    zkl.models.build.build_model = _announced_build
     module = sys.argv.pop(1)
     runpy.run_module(module, run_name="__main__", alter_sys=True)

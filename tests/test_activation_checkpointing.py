@@ -12,7 +12,7 @@ from zkl import invariance
 from zkl.distributed.checks import check_trainer
 from zkl.errors import ConfigError
 from zkl.memory import estimate
-from zkl.models import build_model
+from zkl.models.build import build_model
 from zkl.rl.loop import run
 from zkl.trainer.scoring import sequence_logprobs
 

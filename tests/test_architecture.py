@@ -11,6 +11,7 @@
   `zkl.cert` or `zkl.lab`.
 - The algorithm sits between: the trainer imports nothing of `zkl.rl` (it is handed the loss),
   and `zkl.rl` nothing of `zkl.run` (an entry point checks the config before the loop starts).
+- A package `__init__` is empty (a docstring) but the version's and the op table's.
 - No module over 400 lines but the Triton kernels.
 - README.md's map of the modules is generated from the tree.
 """
@@ -155,6 +156,22 @@ def test_config_leaves_import_only_leaves():
     below = {"zkl.errors", "zkl.invariance"}
     for module in filter(is_config, MODULES):
         assert {t for t in graph[module] if not is_config(t)} <= below, module
+
+
+# the package's version; `zkl.ops.<op>`, the one dispatch every model and kernel caller uses
+INIT_WITH_CODE = {"zkl", "zkl.ops"}
+
+
+def test_package_inits_are_empty():
+    """A package `__init__` holds a docstring at most, so importing a part's config leaf (or any
+    module) loads that module and not its package's heavy neighbours."""
+    for name, path in MODULES.items():
+        if path.name != "__init__.py" or name in INIT_WITH_CODE:
+            continue
+        body = ast.parse(path.read_text()).body
+        assert all(isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) for n in body), (
+            name
+        )
 
 
 def test_function_local_imports_keep_an_optional_dependency_lazy():

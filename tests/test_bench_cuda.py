@@ -7,7 +7,8 @@ import pytest
 import torch
 from conftest import make_cfg
 
-from zkl.models import ModelConfig, build_model
+from zkl.models.build import build_model
+from zkl.models.config import ModelConfig
 
 pytest.importorskip("triton")
 from zkl.lab import bench_cuda, bench_gemm  # noqa: E402

@@ -137,7 +137,7 @@ def test_explicit_model_keys_must_agree(tmp_path):
 def test_a_sharded_checkpoint_loads_every_shard(ckpt):
     from transformers import AutoModelForCausalLM
 
-    from zkl.models import build_model
+    from zkl.models.build import build_model
     from zkl.models.hf_checkpoint import to_hf
 
     assert (ckpt / "model.safetensors.index.json").is_file()

@@ -20,7 +20,8 @@ from test_hf_peer import randomize_
 from zkl import invariance
 from zkl.generation.sampling import SamplingParams
 from zkl.generation.scheduler import Request, Scheduler
-from zkl.models import ModelConfig, build_model
+from zkl.models.build import build_model
+from zkl.models.config import ModelConfig
 from zkl.ops import activations
 from zkl.trainer.scoring import score
 

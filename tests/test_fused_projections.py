@@ -11,13 +11,14 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from test_hf_peer import make_hf, tokens_batch
 
-from zkl.models import ModelConfig, build_model
+from zkl.models.build import build_model
+from zkl.models.config import ModelConfig
 from zkl.models.fused import init_order
 from zkl.models.hf_checkpoint import model_config_from_hf
 from zkl.models.transformer import Linear, Transformer
-from zkl.precision import linear_weight_and_input, quantize_parts
 from zkl.precision.fp8_tensor import fake_quantize_fp8_tensor, fp8_tensor_scale
 from zkl.precision.mx import fake_quantize_mxfp8
+from zkl.precision.recipes import linear_weight_and_input, quantize_parts
 
 CASES = ("qwen2_untied", "qwen3_moe")  # q/k/v with biases; MoE experts' and dense gate/up
 # fp32 on O(1) logits (test_hf_peer's weights). One GEMM over the fused weight and one per

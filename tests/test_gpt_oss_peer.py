@@ -18,7 +18,8 @@ from safetensors.torch import load_file, save_file
 from test_hf_peer import randomize_
 
 import zkl.invariance
-from zkl.models import build_model, mxfp4
+from zkl.models import mxfp4
+from zkl.models.build import build_model
 from zkl.models.hf_checkpoint import load_state_dict, model_config_from_hf
 
 # fp32: both sides do the same math in different orders (zkl's pairwise trees and fixed

@@ -14,7 +14,8 @@ from conftest import SMALL, bench_cfg, make_cfg
 from zkl import invariance
 from zkl.generation.sampling import SamplingParams, sample
 from zkl.generation.scheduler import Request, Scheduler
-from zkl.models import ModelConfig, build_model
+from zkl.models.build import build_model
+from zkl.models.config import ModelConfig
 from zkl.models.transformer import Qwen3MoE
 from zkl.ops import fast
 from zkl.rl.loop import run

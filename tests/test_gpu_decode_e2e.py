@@ -17,7 +17,7 @@ import torch
 from zkl import invariance
 from zkl.generation.sampling import SamplingParams
 from zkl.generation.scheduler import Request, Scheduler
-from zkl.models import build_model
+from zkl.models.build import build_model
 from zkl.run.compose import compose
 from zkl.trainer.scoring import score
 

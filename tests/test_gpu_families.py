@@ -15,7 +15,7 @@ import test_hf_llama_peer as llama_peer
 import torch
 
 import zkl.invariance
-from zkl.models import build_model
+from zkl.models.build import build_model
 from zkl.models.hf_checkpoint import model_config_from_hf
 
 pytestmark = pytest.mark.gpu

@@ -89,7 +89,8 @@ def test_decode_attention_reads_each_kv_head_once_with_the_same_bits():
 def test_fused_projection_model_decode_equals_the_train_path():
     """A seeded Qwen2 (q/k/v bias, fused qkv_proj): zero mode's gen-path logits of every
     position equal the train path's (gradients on)."""
-    from zkl.models import ModelConfig, build_model
+    from zkl.models.build import build_model
+    from zkl.models.config import ModelConfig
 
     cfg = ModelConfig(family="qwen2", qkv_bias=True, num_hidden_layers=2)
     model = build_model(cfg, torch.bfloat16, seed=0, device=DEV)

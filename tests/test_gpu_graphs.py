@@ -12,7 +12,7 @@ from zkl import invariance
 from zkl.generation.sampling import SamplingParams
 from zkl.generation.scheduler import Request, Scheduler
 from zkl.layouts.refit import load_refit
-from zkl.models import build_model
+from zkl.models.build import build_model
 from zkl.trainer.scoring import score
 
 pytestmark = pytest.mark.gpu

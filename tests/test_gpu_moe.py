@@ -11,7 +11,7 @@ from conftest import make_cfg
 from zkl import invariance
 from zkl.generation.sampling import SamplingParams
 from zkl.generation.scheduler import Request, Scheduler
-from zkl.models import build_model
+from zkl.models.build import build_model
 from zkl.trainer.scoring import score
 
 pytestmark = pytest.mark.gpu

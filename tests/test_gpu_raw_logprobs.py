@@ -11,7 +11,7 @@ import torch
 from conftest import make_cfg
 from test_raw_logprobs import MODES, RATIO_BOUND, _requests, _rollout, _runs, _shared
 
-from zkl.models import build_model
+from zkl.models.build import build_model
 from zkl.rl.metrics import mismatch_metrics
 
 pytestmark = pytest.mark.gpu

@@ -24,8 +24,8 @@ from zkl.generation.graphs import (
 from zkl.generation.prefill import Admitted, prefill
 from zkl.generation.sampling import SamplingParams
 from zkl.generation.scheduler import Request, Scheduler
-from zkl.models import build_model
-from zkl.precision import apply_precision, quantizes
+from zkl.models.build import build_model
+from zkl.precision.recipes import apply_precision, quantizes
 
 ALL = invariance.FIXES
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import make_cfg
 
-from zkl.models import build_model
+from zkl.models.build import build_model
 from zkl.models.hf_export import hf_config, save_checkpoint
 
 # transformers' Qwen3 against zkl on the same fp32 weights: the same math in other orders

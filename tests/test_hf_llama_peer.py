@@ -14,7 +14,7 @@ import torch
 import transformers
 from test_hf_peer import TOL, randomize_, zkl_logits
 
-from zkl.models import build_model
+from zkl.models.build import build_model
 from zkl.models.hf_checkpoint import model_config_from_hf
 
 # bf16 logits of |x| <= ~4 after 2 layers: each side rounds every activation to 8 bits of

@@ -12,7 +12,7 @@ import torch
 import transformers
 
 import zkl.invariance
-from zkl.models import build_model
+from zkl.models.build import build_model
 from zkl.models.hf_checkpoint import model_config_from_hf
 
 # Both sides compute in fp32; they differ in reduction orders (einsum vs pairwise trees,

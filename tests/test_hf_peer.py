@@ -17,7 +17,7 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 import zkl.invariance
-from zkl.models import build_model
+from zkl.models.build import build_model
 from zkl.models.hf_checkpoint import load_state_dict, model_config_from_hf
 
 # Both sides run in fp32 on O(1) activations and logits (|logit| up to ~4). The two

@@ -12,9 +12,9 @@ from safetensors.torch import save_file
 from test_hostile_input import assert_refused_before_work, run_entry
 
 from zkl.errors import ConfigError
-from zkl.hf_weight_files import DTYPE_BYTES, INDEX_FILE
-from zkl.models import build_model
+from zkl.models.build import build_model
 from zkl.models.hf_export import save_checkpoint
+from zkl.models.hf_weight_files import DTYPE_BYTES, INDEX_FILE
 from zkl.models.hf_weights_check import DTYPES
 from zkl.run.validate import validate
 

@@ -19,7 +19,7 @@ import torch
 from conftest import make_cfg
 
 from zkl.errors import ConfigError
-from zkl.models import build_model
+from zkl.models.build import build_model
 from zkl.models.config import AT_LEAST_ONE, ModelConfig
 from zkl.run.overrides import preflight
 from zkl.run.validate import validate

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from zkl import invariance
 from zkl.generation.sampling import SamplingParams
 from zkl.generation.scheduler import Request, Scheduler
-from zkl.models import ModelConfig, build_model
+from zkl.models.build import build_model
+from zkl.models.config import ModelConfig
 from zkl.trainer.scoring import score
 
 pytestmark = pytest.mark.slow  # a minute of random schedules; `pytest -m "not slow"` skips it

@@ -9,7 +9,7 @@ from conftest import SMALL, make_cfg
 from zkl import invariance
 from zkl.generation.sampling import SamplingParams
 from zkl.generation.scheduler import Request, Scheduler
-from zkl.models import build_model
+from zkl.models.build import build_model
 from zkl.models.mamba2 import chunk_scan
 from zkl.rl.loop import run
 from zkl.trainer.scoring import score

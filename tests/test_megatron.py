@@ -21,7 +21,7 @@ from zkl.megatron.mapping import (
     to_megatron,
     transformer_config_kwargs,
 )
-from zkl.models import build_model
+from zkl.models.build import build_model
 from zkl.models.config import ModelConfig
 from zkl.models.transformer import Transformer, init_weights
 from zkl.run.validate import validate

@@ -9,7 +9,7 @@ import torch
 from conftest import SMALL, make_cfg
 
 from zkl import invariance
-from zkl.models import build_model
+from zkl.models.build import build_model
 from zkl.rl.loop import run
 from zkl.trainer.scoring import sequence_logprobs
 

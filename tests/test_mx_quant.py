@@ -17,7 +17,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zkl.precision import fake_quantizer
 from zkl.precision.fp8_tensor import fake_quantize_fp8_tensor
 from zkl.precision.mx import (
     BLOCK_SIZE,
@@ -26,6 +25,7 @@ from zkl.precision.mx import (
     quantize_mxfp8,
     te_e8m0_scale,
 )
+from zkl.precision.recipes import fake_quantizer
 
 # ---------------------------------------------------------------- independent reference
 

@@ -13,8 +13,8 @@ from conftest import SMALL, make_cfg
 
 from zkl import invariance, ops
 from zkl.data.tasks import build_task
-from zkl.layouts import build_generator
-from zkl.models import build_model
+from zkl.layouts.generator import build_generator
+from zkl.models.build import build_model
 from zkl.precision.fp8_tensor import fake_quantize_fp8_tensor
 from zkl.precision.mx import fake_quantize_mxfp8
 from zkl.rl.loop import make_requests, run

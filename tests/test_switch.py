@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zkl import invariance, precision
+from zkl import invariance
 from zkl.ops import fast
+from zkl.precision import recipes as precision
 from zkl.switch import Switch
 
 

@@ -13,7 +13,7 @@ from conftest import make_cfg
 from zkl.data.tasks import build_task
 from zkl.errors import ConfigError
 from zkl.lab.supervised import accuracy, warm_start
-from zkl.models import build_model
+from zkl.models.build import build_model
 
 
 def test_it_learns_add_and_writes_what_model_checkpoint_reads(tmp_path):

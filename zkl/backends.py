@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from zkl.models import ModelConfig, build_model
+from zkl.models.build import build_model
+from zkl.models.config import ModelConfig
 
 
 def build_backend_model(

@@ -22,8 +22,8 @@ from zkl.errors import ConfigError
 from zkl.invariance import from_config
 from zkl.models.config import ModelConfig
 from zkl.models.registry import largest_layer_params, param_count
-from zkl.precision import DTYPES
 from zkl.precision.config import quantizes
+from zkl.precision.recipes import DTYPES
 
 LOGIT_TOKENS = 8192  # tokens whose logits exist at once on the train path (trainer/scoring)
 

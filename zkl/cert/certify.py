@@ -15,7 +15,7 @@ from zkl.cert.schema import CertRunConfig
 from zkl.data.tasks import build_task
 from zkl.errors import ConfigError
 from zkl.generation.scheduler import Request
-from zkl.layouts import build_generator
+from zkl.layouts.generator import build_generator
 from zkl.rl import loop
 from zkl.rl.metrics import mismatch_metrics
 from zkl.rl.trained import untrained_steps

@@ -24,8 +24,8 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from zkl import distributed
 from zkl.console import say
+from zkl.distributed import ranks
 from zkl.distributed.checks import sharded
 from zkl.distributed.watchdog import Watchdog
 from zkl.environment import preempt_signal
@@ -61,7 +61,7 @@ def owns_run_dir() -> bool:
     return int(os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or 0) == 0
 
 
-def join(cfg: Any) -> distributed.World:
+def join(cfg: Any) -> ranks.World:
     """This process's rank of the run (World() for a single-process run)."""
     if _slurm_tasks() > 1 and "WORLD_SIZE" not in os.environ:
         from submitit.helpers import TorchDistributedEnvironment  # optional: Slurm runs only
@@ -73,14 +73,14 @@ def join(cfg: Any) -> distributed.World:
             f"the launcher started {launched} ranks but trainer.world_size="
             f"{cfg.trainer.world_size}; set trainer.world_size={launched}."
         )
-    world = distributed.init(cfg)
+    world = ranks.init(cfg)
     if world.size > 1:
         world.watchdog = Watchdog(world, cfg.trainer.heartbeat_s)
         world.watchdog.start()
     return world
 
 
-def leave(world: distributed.World, finished: bool) -> None:
+def leave(world: ranks.World, finished: bool) -> None:
     """Stop the heartbeat and leave the group; after a finished run, wait for every rank
     first (rank 0 holds the rendezvous store the others still read)."""
     watchdog = getattr(world, "watchdog", None)
@@ -88,7 +88,7 @@ def leave(world: distributed.World, finished: bool) -> None:
         if finished:
             dist.barrier()
         watchdog.stop()
-    distributed.shutdown()
+    ranks.shutdown()
 
 
 def _exit_flushed() -> None:

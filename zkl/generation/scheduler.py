@@ -29,7 +29,7 @@ from zkl.generation.sampling import SamplingParams
 from zkl.generation.slots import SlotState
 from zkl.invariance import active, is_enabled
 from zkl.models.config import check_positions
-from zkl.precision import quantizes, weight_cache
+from zkl.precision.recipes import quantizes, weight_cache
 
 CAPACITY_STEP = 256  # graphs keep their cache: lengths round up to this, so few recaptures
 

@@ -33,11 +33,11 @@ from zkl.lab.schema import BenchRunConfig
 from zkl.lab.timing import format_table
 from zkl.lab.transport_peak import peak_gb_per_s
 from zkl.lab.workload import MODES
-from zkl.layouts import build_generator
+from zkl.layouts.generator import build_generator
 from zkl.layouts.generator_setup import build_scheduler
 from zkl.layouts.refit import refit_payload
 from zkl.layouts.transport import BROADCAST
-from zkl.precision import DTYPES
+from zkl.precision.recipes import DTYPES
 from zkl.rl.loop import make_requests
 from zkl.run.compose import to_object
 from zkl.run.validate import validate_run

@@ -41,7 +41,7 @@ from zkl.lab.workload import (
     TRAIN_SEQS,
     bench_requests,
 )
-from zkl.precision import weight_cache
+from zkl.precision.recipes import weight_cache
 from zkl.trainer.scoring import sequence_logprobs
 
 BATCHES = (1, 16, 64, 256)

@@ -30,7 +30,7 @@ from zkl.data.tasks import ResidueTask, build_task
 from zkl.generation.scheduler import Scheduler
 from zkl.lab.roofline import copy_bandwidth, decode_bytes
 from zkl.lab.workload import MODES
-from zkl.layouts import build_generator
+from zkl.layouts.generator import build_generator
 from zkl.rl.loop import make_requests, train_step
 from zkl.rl.loss import grpo_loss
 from zkl.run.validate import validate_run

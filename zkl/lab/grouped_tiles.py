@@ -19,7 +19,7 @@ import torch
 from zkl.lab.bench_cuda import profile_decode_step
 from zkl.lab.timing import graph_time
 from zkl.lab.workload import MODES
-from zkl.models import build_model
+from zkl.models.build import build_model
 from zkl.models.moe import group_by_expert
 from zkl.ops.triton import gemm
 from zkl.ops.triton.grouped_gemm import grouped_gemm

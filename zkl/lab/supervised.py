@@ -24,7 +24,7 @@ from zkl import threads
 from zkl.data.tasks import build_task
 from zkl.device import resolve_device
 from zkl.errors import ConfigError
-from zkl.models import build_model
+from zkl.models.build import build_model
 from zkl.models.hf_export import hf_config, save_checkpoint
 from zkl.rl.evaluate import answered_right
 from zkl.run.schema import ZklConfig

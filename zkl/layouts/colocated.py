@@ -7,7 +7,7 @@ import torch
 from zkl.generation.scheduler import Completion, Request, SchedulerStats
 from zkl.layouts.generator_setup import build_generation_model, build_scheduler
 from zkl.layouts.refit import load_refit, refit_payload, refits_exactly
-from zkl.precision import DTYPES
+from zkl.precision.recipes import DTYPES
 
 
 class ColocatedGenerator:

@@ -22,7 +22,7 @@ from zkl.layouts import transport, worker
 from zkl.layouts.refit import refit_payload
 from zkl.layouts.supervisor import Supervisor
 from zkl.layouts.wire import pack
-from zkl.precision import DTYPES
+from zkl.precision.recipes import DTYPES
 
 STDERR_FILE = "generator_stderr.log"
 

@@ -7,7 +7,7 @@ import torch
 from zkl.backends import build_backend_model
 from zkl.device import generator_device
 from zkl.generation.scheduler import Scheduler
-from zkl.precision import DTYPES
+from zkl.precision.recipes import DTYPES
 
 
 def build_scheduler(cfg, model: torch.nn.Module, eos_id: int | None) -> Scheduler:

@@ -32,7 +32,7 @@ from zkl.models.causal_lm import CausalLM
 from zkl.models.config import ModelConfig
 from zkl.models.hf_checkpoint import load_state_dict
 from zkl.models.transformer import RotaryEmbedding, Transformer, init_weights
-from zkl.precision import DTYPES, keeps_fp32
+from zkl.precision.recipes import DTYPES, keeps_fp32
 
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 

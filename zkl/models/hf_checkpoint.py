@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
-from zkl.hf_weight_files import safetensors_files
 from zkl.models.config import ModelConfig
 from zkl.models.fused import Layout, fused_layout, join_fused, split_fused
 from zkl.models.hf_config import read_config
+from zkl.models.hf_weight_files import safetensors_files
 from zkl.models.registry import build_on_meta, family, family_of_hf, validate_model
 
 # Keys some (older) checkpoints carry that are not weights: recomputed from the config.

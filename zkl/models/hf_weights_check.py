@@ -4,7 +4,7 @@ each fault in one sentence.
 Loading finds a bad checkpoint only after the model (possibly billions of parameters) is
 allocated, and a `config.json` for another architecture was never compared with the model
 config. The files themselves (the path, the JSON files, every safetensors header) are
-checked without torch by `zkl.hf_weight_files`, before torch loads; here `config.json` is
+checked without torch by `zkl.models.hf_weight_files`, before torch loads; here `config.json` is
 read by its family and compared with `model.*`, and every tensor name and shape with the
 model, through the loader's own mapping.
 """
@@ -18,9 +18,9 @@ import torch
 
 from zkl.console import say
 from zkl.errors import ConfigError
-from zkl.hf_weight_files import check_weight_dir, headers
 from zkl.models.config import SHAPE_KEYS, ModelConfig
 from zkl.models.hf_checkpoint import map_state_dict, model_config_from_hf
+from zkl.models.hf_weight_files import check_weight_dir, headers
 from zkl.models.registry import param_count
 
 # config.json must agree with the model config on these (max_position_embeddings may be lower)
@@ -53,7 +53,7 @@ ARCH_KEYS = (
     "swiglu_alpha",
     "swiglu_limit",
 )
-# The torch dtype of each safetensors dtype zkl reads (`zkl.hf_weight_files.DTYPE_BYTES`).
+# The torch dtype of each safetensors dtype zkl reads (`zkl.models.hf_weight_files.DTYPE_BYTES`).
 DTYPES = {
     "F64": torch.float64,
     "F32": torch.float32,

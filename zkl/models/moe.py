@@ -22,7 +22,7 @@ from torch import nn
 from zkl import ops
 from zkl.generation import routes
 from zkl.invariance import is_enabled
-from zkl.precision import quantizes
+from zkl.precision.recipes import quantizes
 
 
 def router_probs(x: torch.Tensor, gate_weight: torch.Tensor, fixed: bool) -> torch.Tensor:

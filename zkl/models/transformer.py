@@ -17,7 +17,7 @@ from zkl.models.config import ModelConfig, check_positions
 from zkl.models.fused import init_order
 from zkl.models.moe import SparseMoE, fixed_route, renormalized, router_probs
 from zkl.models.rope import inverse_frequencies
-from zkl.precision import RecipeLinear, linear_weight_and_input
+from zkl.precision.recipes import RecipeLinear, linear_weight_and_input
 
 
 class Linear(RecipeLinear):

@@ -22,7 +22,7 @@ class PrecisionConfig:
 
 def quantizes(precision: PrecisionConfig) -> bool:
     """Whether the recipe fake-quantizes the Linear layers (`precision.linear_quant`), asked of
-    the config before a model exists (`zkl.precision.quantizes` asks a built model)."""
+    the config before a model exists (`zkl.precision.recipes.quantizes` asks a built model)."""
     return precision.linear_quant != "none"
 
 

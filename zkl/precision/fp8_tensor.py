@@ -4,7 +4,7 @@ One scale for the whole tensor, from the amax over the WHOLE tensor. Under batch
 is taken over every sequence in the batch, so one row's quantized values change when a row
 with a larger magnitude joins the batch: the result is batch-variant by design. Rowwise MXFP8
 (`zkl.precision.mx`) takes its amax per 32 elements of one row and has no such coupling.
-A fused weight (q/k/v, gate/up) gets one scale per part (`zkl.precision.quantize_parts`), as
+A fused weight (q/k/v, gate/up) gets one scale per part (`zkl.precision.recipes.quantize_parts`), as
 the separate projections of an HF model would.
 """
 

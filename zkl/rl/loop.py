@@ -24,7 +24,7 @@ from zkl.distributed import launch
 from zkl.errors import NonFinite, RunFault
 from zkl.generation.sampling import SamplingParams
 from zkl.generation.scheduler import Completion, Request, SchedulerStats
-from zkl.layouts import build_generator
+from zkl.layouts.generator import build_generator
 from zkl.rl.correction import behavior_logprobs, correction_weights, diagnostics
 from zkl.rl.evaluate import val_due, validate_policy
 from zkl.rl.grpo import group_advantages

@@ -1,11 +1,9 @@
 """Each part's checks of its own keys, and the files the config names, run before torch
 loads: a refusal is immediate.
 
-The parts' `config` leaves are imported by their own names (`from zkl.layouts.config import
-check`, never `from zkl.layouts import config`, which would run the part's `__init__`).
 `check_composed` is the first thing an entry point's Hydra job does with the composed
 config (`check_overrides` for one that composes without `@hydra.main`): the keys, then
-`model.checkpoint`'s files (`zkl.hf_weight_files`) and a dataset task's files, tokenizer
+`model.checkpoint`'s files (`zkl.models.hf_weight_files`) and a dataset task's files, tokenizer
 and reward (`zkl.data.dataset.check_inputs`). `zkl.run.validate.validate` runs the keys'
 checks first, then the ones that need the machine, the model or the task (device, memory,
 the checkpoint against the model, the task's rows).
@@ -21,9 +19,9 @@ from zkl.data.config import check as check_task
 from zkl.data.dataset import check_inputs as check_dataset_inputs
 from zkl.errors import ConfigError
 from zkl.generation.config import check as check_generation
-from zkl.hf_weight_files import check_weight_files
 from zkl.layouts.config import check as check_layout
 from zkl.models.config import validate_shapes
+from zkl.models.hf_weight_files import check_weight_files
 from zkl.precision.config import check as check_precision
 from zkl.rl.config import check as check_rl
 from zkl.run.keys import reject_unknown_keys

@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from zkl import distributed, environment
+from zkl import environment
 from zkl.console import say
+from zkl.distributed import ranks
 from zkl.errors import RunFault
 from zkl.state import checkpoint_file
 from zkl.state import sharded as sharded_checkpoint
@@ -186,7 +187,7 @@ class Saver:
         self.cfg, self.run_dir, self.policy, self.log = cfg, run_dir, policy, log
         self.logged = self.saved = start  # steps before `logged` logged, before `saved` saved
         self.between = True  # no step in flight (before the first, or at a boundary)
-        self.main = distributed.current().is_main
+        self.main = ranks.current().is_main
         self.signals = StopSignals(self._announce if self.main else None)
 
     def _announce(self, signum: int) -> None:
@@ -226,7 +227,7 @@ class Saver:
         """Call once the step is logged: save if it is time, then act on a stop signal."""
         self.logged, self.between = step + 1, True
         every, last = self.cfg.checkpoint.every, step + 1 == self.cfg.rl.steps
-        stop = distributed.current().any(bool(self.signals.received)) and not last  # all ranks
+        stop = ranks.current().any(bool(self.signals.received)) and not last  # all ranks
         due = last or stop or (every and (step + 1) % every == 0)
         if due and self.cfg.checkpoint.save:
             requeue = stop and self.signals.preempted

@@ -16,13 +16,13 @@ from collections.abc import Mapping
 import torch
 import torch.distributed as dist
 
-from zkl import distributed
 from zkl.backends import build_backend_model
 from zkl.device import resolve_device
+from zkl.distributed import ranks
 from zkl.generation.routes import taping
 from zkl.models.hf_weights_check import warn_random_weights
-from zkl.precision import DTYPES
 from zkl.precision.fp16 import DynamicLossScaler
+from zkl.precision.recipes import DTYPES
 from zkl.trainer.scoring import replay_tape, route_mismatch, score, sequence_logprobs
 from zkl.trainer.update import (
     LossFn,
@@ -61,7 +61,7 @@ class Policy(abc.ABC):
             cfg.engine.backend,
         )
         self.model.checkpoint_layers = cfg.trainer.activation_checkpointing
-        self.world = distributed.current()
+        self.world = ranks.current()
         fp16 = cfg.precision.compute_dtype == "float16"  # its update scales the loss
         self.scaler = DynamicLossScaler() if fp16 else None
         self.reference = copy.deepcopy(self.model).eval() if cfg.rl.kl_coef > 0 else None

@@ -7,8 +7,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from zkl import distributed
-from zkl.distributed import fsdp
+from zkl.distributed import fsdp, ranks
 from zkl.trainer.policy import Policy
 from zkl.trainer.update import LossFn, UpdateBatch
 from zkl.trainer.weights import GatheredWeights
@@ -55,7 +54,7 @@ class ShardedPolicy(Policy):
         """A share's loss is its tokens' sum over the whole minibatch's token count, so the
         ranks' gradients, summed by FSDP's reduce-scatter, are the minibatch's gradient."""
         num_tokens = sum(len(r) for r in batch.responses[lo:hi])
-        a, b = distributed.bounds(hi - lo, self.world.rank, self.world.size)
+        a, b = ranks.bounds(hi - lo, self.world.rank, self.world.size)
         return lo + a, lo + b, num_tokens
 
     def _step(self, update_sq: torch.Tensor) -> tuple[float, torch.Tensor]:

@@ -1,0 +1,145 @@
+"""The trainer's ranks: who this process is, and the few collectives the loop needs.
+
+At world size 1 (the default) every method is the identity and no process group exists, so
+the single-process run is unchanged. Above 1 each rank generates and scores a contiguous
+share of the step's requests (`share`), and `gather` puts the shares back together in rank
+order on every rank, so whatever is computed from the gathered lists is computed from the
+same values in the same order as in one process.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from zkl.device import on_cuda
+from zkl.distributed.checks import sharded
+from zkl.loopback import free_port
+
+T = TypeVar("T")
+
+
+def bounds(count: int, rank: int, size: int) -> tuple[int, int]:
+    """Rank `rank`'s contiguous share [lo, hi) of `count` items; sizes differ by at most 1."""
+    return count * rank // size, count * (rank + 1) // size
+
+
+@dataclass
+class World:
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    sharded: bool = False  # the trainer's model is FSDP2-sharded (also at size 1)
+    watchdog: Any = field(default=None, repr=False)  # zkl/distributed/watchdog.py
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def share(self, items: list[T]) -> list[T]:
+        lo, hi = bounds(len(items), self.rank, self.size)
+        return items[lo:hi]
+
+    def gather(self, items: list[T]) -> list[T]:
+        """Every rank's list, concatenated in rank order, on every rank."""
+        if self.size == 1:
+            return items
+        parts: list[Any] = [None] * self.size
+        dist.all_gather_object(parts, items)
+        return [x for part in parts for x in part]
+
+    def sum(self, values: list[float]) -> list[float]:
+        """Element-wise sums over the ranks (float64, the same order on every rank)."""
+        if self.size == 1:
+            return values
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return t.tolist()
+
+    def any(self, flag: bool) -> bool:
+        if self.size == 1:
+            return flag
+        return self.sum([float(flag)])[0] > 0
+
+    def broadcast(self, obj: T) -> T:
+        """Rank 0's `obj` on every rank."""
+        if self.size == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    @property
+    def device(self) -> torch.device:
+        """Where this rank's collectives put small tensors (NCCL needs them on the GPU)."""
+        if dist.is_initialized() and dist.get_backend() == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+
+_WORLD = World()
+_OWN_ENV: list[str] = []  # the variables `init` set for a group of one
+
+
+def current() -> World:
+    """This process's place among the trainer's ranks (World() outside a distributed run)."""
+    return _WORLD
+
+
+def backend(cfg: Any) -> str:
+    if cfg.trainer.backend != "auto":
+        return cfg.trainer.backend
+    return "nccl" if on_cuda(cfg) else "gloo"
+
+
+def init(cfg: Any) -> World:
+    """Join the process group of the ranks the launcher started (or a group of one for
+    `trainer.fsdp=true` at world size 1); set this rank's GPU. World() when not sharded."""
+    global _WORLD
+    if not sharded(cfg):
+        _WORLD = World()
+        return _WORLD
+    if "WORLD_SIZE" not in os.environ:  # world size 1 through the FSDP path
+        own = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": str(free_port())}
+        own.update({} if "MASTER_ADDR" in os.environ else {"MASTER_ADDR": "127.0.0.1"})
+        os.environ.update(own)
+        _OWN_ENV[:] = list(own)  # removed again by shutdown(): a later run is not a rank
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    kind = backend(cfg)
+    device = None
+    if kind == "nccl" or on_cuda(cfg):
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        kind,
+        rank=rank,
+        world_size=size,
+        timeout=timedelta(seconds=cfg.trainer.timeout_s),
+        device_id=device if kind == "nccl" else None,
+    )
+    _WORLD = World(rank, size, local_rank, sharded=True)
+    return _WORLD
+
+
+def shutdown() -> None:
+    """Leave the process group; NCCL's is aborted so that a peer that is gone cannot hang it."""
+    global _WORLD
+    _WORLD = World()
+    for key in _OWN_ENV:
+        os.environ.pop(key, None)
+    _OWN_ENV.clear()
+    if not dist.is_initialized():
+        return
+    if dist.get_backend() == "nccl":
+        try:
+            dist.distributed_c10d._abort_process_group()
+            return
+        except Exception:  # an older torch: destroy instead
+            pass
+    dist.destroy_process_group()

@@ -3,7 +3,9 @@
 - Dependencies point down: the import graph of zkl's modules has no cycle, and neither has
   the graph of its parts (`zkl.models`, `zkl.generation`, ...; a module directly in `zkl/`
   is a part of its own), entry points left out. A part's `config` module (its dataclass and
-  check) is a leaf of its own that imports only other config leaves and errors.
+  check) is a leaf of its own that imports only other config leaves and errors. Counting
+  every import (entry points, config leaves, `if TYPE_CHECKING:`), no folder imports one
+  that imports it back.
 - A function-local import of a zkl module keeps an optional dependency lazy and says so
   (a comment with the word "optional" on its line or the line above); in an entry point it
   may keep torch unloaded until the command line and config are checked (the word "lazy").
@@ -75,11 +77,13 @@ def function_local_imports(tree: ast.AST) -> list[ast.AST]:
     return local
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(annotations: bool = False) -> dict[str, set[str]]:
+    """Module -> the zkl modules it imports; with `annotations`, those imported under
+    `if TYPE_CHECKING:` too."""
     graph: dict[str, set[str]] = defaultdict(set)
     for name, path in MODULES.items():
         tree = ast.parse(path.read_text())
-        skip = type_checking_nodes(tree)
+        skip = set() if annotations else type_checking_nodes(tree)
         for node in ast.walk(tree):
             if id(node) not in skip:
                 graph[name].update(t for t in imported(node) if t != name and t in MODULES)
@@ -126,6 +130,21 @@ def is_config(module: str) -> bool:
 def part(module: str) -> str:
     """`zkl.generation.engine` -> `zkl.generation`; a config leaf is a node of its own."""
     return module if is_config(module) else ".".join(module.split(".")[:2])
+
+
+def folder(module: str) -> str:
+    """`zkl.models.config` -> `zkl.models`: a folder with everything in it, config leaves too."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_folder_imports_one_that_imports_it_back():
+    """No folder or loose module imports one that imports it back, counting every import:
+    entry points, config leaves and `if TYPE_CHECKING:` ones (an annotation naming a type
+    from above is an arrow up too; a lower part takes that config duck-typed)."""
+    folders: dict[str, set[str]] = defaultdict(set)
+    for module, targets in import_graph(annotations=True).items():
+        folders[folder(module)].update(folder(t) for t in targets if folder(t) != folder(module))
+    assert cycles(folders) == []
 
 
 def test_module_imports_have_no_cycle():
@@ -176,7 +195,7 @@ def test_the_core_run_imports_no_experiment():
 
 
 def test_the_trainer_is_handed_the_algorithm_and_the_loop_a_checked_config():
-    graph = import_graph()
+    graph = import_graph(annotations=True)
     for module, targets in graph.items():
         above = {"zkl.trainer": "zkl.rl", "zkl.rl": "zkl.run"}.get(part(module))
         assert above is None or above not in {part(t) for t in targets}, module

@@ -132,14 +132,14 @@ def _run(cfg: Any, task, run_dir, progress: bool | None, world) -> list[dict[str
     generator = None
     try:
         with invariance.enabled(fixes):
-            policy = build_policy(cfg, grpo_loss(cfg.rl))
+            policy = build_policy(cfg, grpo_loss(cfg.rl), world)
             checkpoint.restore(resume, policy)
             generator = build_generator(cfg, policy, task.tokenizer.eos_id, run_dir)
             generator.refit(policy.refit_state(), policy.version)
             show = (cfg.tracking.progress if progress is None else progress) and world.is_main
             steps = range(resume.step, cfg.rl.steps)
             bar = tqdm(steps, "grpo", cfg.rl.steps, disable=not show, initial=resume.step)
-            with bar, checkpoint.Saver(cfg, run_dir, policy, log, resume.step) as saver:
+            with bar, checkpoint.Saver(cfg, run_dir, policy, log, resume.step, world) as saver:
                 for step in bar:  # `with bar`: an interrupt leaves the bar's line finished
                     saver.before_step()
                     val = validate_step(cfg, task, generator, step)

@@ -179,13 +179,24 @@ class Saver:
     """Saves every `checkpoint.every` steps, after the last step and when a stop signal came.
 
     `start`: the step the run starts at, which the checkpoint on disk (if any) continues from.
+    `world`: this process's rank of the run; rank 0 announces a signal, and every rank stops
+    when any got one.
     """
 
-    def __init__(self, cfg: Any, run_dir: str | Path, policy, log, start: int = 0):
+    def __init__(
+        self,
+        cfg: Any,
+        run_dir: str | Path,
+        policy,
+        log,
+        start: int = 0,
+        world: distributed.World | None = None,
+    ):
         self.cfg, self.run_dir, self.policy, self.log = cfg, run_dir, policy, log
+        self.world = world if world is not None else distributed.World()
         self.logged = self.saved = start  # steps before `logged` logged, before `saved` saved
         self.between = True  # no step in flight (before the first, or at a boundary)
-        self.main = distributed.current().is_main
+        self.main = self.world.is_main
         self.signals = StopSignals(self._announce if self.main else None)
 
     def _announce(self, signum: int) -> None:
@@ -225,7 +236,7 @@ class Saver:
         """Call once the step is logged: save if it is time, then act on a stop signal."""
         self.logged, self.between = step + 1, True
         every, last = self.cfg.checkpoint.every, step + 1 == self.cfg.rl.steps
-        stop = distributed.current().any(bool(self.signals.received)) and not last  # all ranks
+        stop = self.world.any(bool(self.signals.received)) and not last  # all ranks
         due = last or stop or (every and (step + 1) % every == 0)
         if due and self.cfg.checkpoint.save:
             requeue = stop and self.signals.preempted

@@ -3,7 +3,9 @@
 - Dependencies point down: the import graph of zkl's modules has no cycle, and neither has
   the graph of its parts (`zkl.models`, `zkl.generation`, ...; a module directly in `zkl/`
   is a part of its own), entry points left out. A part's `config` module (its dataclass and
-  check) is a leaf of its own that imports only other config leaves and errors.
+  check) is a leaf of its own that imports only other config leaves and errors. Counting
+  every import (entry points, config leaves, `if TYPE_CHECKING:`), no folder imports one
+  that imports it back.
 - A function-local import of a zkl module keeps an optional dependency lazy and says so
   (a comment with the word "optional" on its line or the line above); in an entry point it
   may keep torch unloaded until the command line and config are checked (the word "lazy").
@@ -19,12 +21,15 @@
 from __future__ import annotations
 
 import ast
+import math
+import re
 import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "zkl"
@@ -33,6 +38,7 @@ ENTRY_POINTS = {
     "zkl.cli",
     "zkl.cert.__main__",
     "zkl.bench",
+    "zkl.sweeps",
     "zkl.report.__main__",
     "zkl.lab.warm_start",
 }
@@ -77,11 +83,13 @@ def function_local_imports(tree: ast.AST) -> list[ast.AST]:
     return local
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(annotations: bool = False) -> dict[str, set[str]]:
+    """Module -> the zkl modules it imports; with `annotations`, those imported under
+    `if TYPE_CHECKING:` too."""
     graph: dict[str, set[str]] = defaultdict(set)
     for name, path in MODULES.items():
         tree = ast.parse(path.read_text())
-        skip = type_checking_nodes(tree)
+        skip = set() if annotations else type_checking_nodes(tree)
         for node in ast.walk(tree):
             if id(node) not in skip:
                 graph[name].update(t for t in imported(node) if t != name and t in MODULES)
@@ -130,17 +138,80 @@ def part(module: str) -> str:
     return module if is_config(module) else ".".join(module.split(".")[:2])
 
 
+def folder(module: str) -> str:
+    """`zkl.models.config` -> `zkl.models`: a folder with everything in it, config leaves too."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_folder_imports_one_that_imports_it_back():
+    """No folder or loose module imports one that imports it back, counting every import:
+    entry points, config leaves and `if TYPE_CHECKING:` ones (an annotation naming a type
+    from above is an arrow up too; a lower part takes that config duck-typed)."""
+    folders: dict[str, set[str]] = defaultdict(set)
+    for module, targets in import_graph(annotations=True).items():
+        folders[folder(module)].update(folder(t) for t in targets if folder(t) != folder(module))
+    assert cycles(folders) == []
+
+
+def part_graph() -> dict[str, set[str]]:
+    """Part -> the parts it imports; entry points and the root package left out."""
+    parts: dict[str, set[str]] = defaultdict(set)
+    for module, targets in import_graph().items():
+        if module in ENTRY_POINTS or module == "zkl":
+            continue
+        parts[part(module)].update(part(t) for t in targets if part(t) != part(module))
+    for module in MODULES.keys() - ENTRY_POINTS - {"zkl"}:
+        parts.setdefault(part(module), set())
+    return parts
+
+
+def depths(graph: dict[str, set[str]]) -> dict[str, int]:
+    """A part's floor: 1 for a part that imports none, else one above its highest import."""
+    found: dict[str, int] = {}
+
+    def depth(node: str, path: tuple[str, ...] = ()) -> int:
+        assert node not in path, f"import cycle: {path}"
+        if node not in found:
+            found[node] = 1 + max((depth(t, (*path, node)) for t in graph[node]), default=0)
+        return found[node]
+
+    for node in graph:
+        depth(node)
+    return found
+
+
+def documented_floors() -> dict[str, int]:
+    """docs/design.md section 7's block of floors: part -> floor (`*/config`: the config
+    leaves). A floor's number opens its first line; a name starts at column 3; a line
+    indented further carries the description of the line above."""
+    text = (ROOT / "docs" / "design.md").read_text()
+    block = text.split("Floors by import depth", 1)[1].split("```", 2)[1]
+    floors: dict[str, int] = {}
+    floor = 0
+    for line in block.strip("\n").splitlines():
+        if line[3:4] == " ":
+            continue
+        floor = int(line[:3]) if line[:3].strip() else floor
+        names = re.sub(r"\([^)]*\)", "", line[3:].split("  ")[0])
+        for name in (n.strip().rstrip("/") for n in names.split(",")):
+            floors[name if name == "*/config" else f"zkl.{name}"] = floor
+    return floors
+
+
+def test_the_floors_in_the_design_are_the_import_depths():
+    """docs/design.md's house is the code's: every part listed once, on its import depth."""
+    depth = depths(part_graph())
+    documented = documented_floors()
+    assert documented.pop("*/config", None) == max(d for p, d in depth.items() if is_config(p))
+    assert documented == {p: d for p, d in depth.items() if not is_config(p)}
+
+
 def test_module_imports_have_no_cycle():
     assert cycles(import_graph()) == []
 
 
 def test_parts_depend_downward_only():
-    parts: dict[str, set[str]] = defaultdict(set)
-    for module, targets in import_graph().items():
-        if module in ENTRY_POINTS:
-            continue
-        parts[part(module)].update(part(t) for t in targets if part(t) != part(module))
-    assert cycles(parts) == []
+    assert cycles(part_graph()) == []
 
 
 def explained(lines: list[str], lineno: int, words: tuple[str, ...] = ("optional",)) -> bool:
@@ -195,10 +266,46 @@ def test_the_core_run_imports_neither_the_certificate_nor_the_lab():
 
 
 def test_the_trainer_is_handed_the_algorithm_and_the_loop_a_checked_config():
-    graph = import_graph()
+    graph = import_graph(annotations=True)
     for module, targets in graph.items():
         above = {"zkl.trainer": "zkl.rl", "zkl.rl": "zkl.run"}.get(part(module))
         assert above is None or above not in {part(t) for t in targets}, module
+
+
+def test_no_module_rebinds_a_global():
+    """docs/design.md section 4: a process-wide value is a `zkl.switch.Switch` set in a `with`
+    block; no function rebinds a module's global (`global`) behind its callers' backs."""
+    found = [
+        f"{name}:{node.lineno}"
+        for name, path in MODULES.items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Global)
+    ]
+    assert found == []
+
+
+# docs/design.md section 3: the Triton kernels launched with contraction allowed, none of them
+# with a multiply that feeds an add outside `tl.dot`
+CONTRACTION_FREE = {
+    "gemm_tma_kernel",
+    "_gemm_kernel",
+    "_silu_mul_kernel",
+    "_gumbel_argmax_kernel",
+    "_commit_kernel",
+    "_logprob_grad_kernel",
+}
+
+
+def test_every_other_kernel_launch_turns_contraction_off():
+    """A Triton launch (`kernel[grid](...)`) passes `enable_fp_fusion`, or is one of the
+    kernels the design names as having nothing to contract."""
+    default = set()
+    for path in KERNELS.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            launch = isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript)
+            if launch and not any(k.arg == "enable_fp_fusion" for k in node.keywords):
+                default.add(ast.unparse(node.func.value))
+    assert default == CONTRACTION_FREE
 
 
 SIZED = {name: p for name, p in MODULES.items() if KERNELS not in p.parents}
@@ -207,6 +314,33 @@ SIZED = {name: p for name, p in MODULES.items() if KERNELS not in p.parents}
 @pytest.mark.parametrize("name", sorted(SIZED))
 def test_modules_stay_small(name):
     assert len(SIZED[name].read_text().splitlines()) <= MAX_LINES
+
+
+def sweep_points(sweep: Path) -> list[list[str]]:
+    """Each swept key's values (`[a,b],[c]` is two values), from the sweep's own file."""
+    params = yaml.safe_load(sweep.read_text())["hydra"]["sweeper"]["params"]
+    return [re.split(r",(?![^\[]*\])", str(values)) for values in params.values()]
+
+
+def sweep_texts(sweep: Path) -> list[str]:
+    """What describes a sweep: its file's opening comment and its row in README.md's table."""
+    header = "".join(line for line in sweep.read_text().splitlines(True) if line[:1] == "#")
+    rows = (ROOT / "README.md").read_text().splitlines()
+    return [header, *(row for row in rows if row.startswith(f"| `{sweep.stem}` |"))]
+
+
+@pytest.mark.parametrize("sweep", sorted((ROOT / "sweeps").glob("*.yaml")), ids=lambda p: p.stem)
+def test_sweep_descriptions_count_what_the_sweep_runs(sweep):
+    """The jobs a sweep's comment or README row counts, and the tiny models it names ("every
+    tiny model" is each of conf/model/tiny_*), are the sweep's."""
+    points = sweep_points(sweep)
+    covered = set(re.findall(r"tiny_\w+", str(points)))
+    every = {p.stem for p in (ROOT / "conf" / "model").glob("tiny_*.yaml")}
+    for text in sweep_texts(sweep):
+        for jobs in re.findall(r"(\d+) jobs", text):
+            assert int(jobs) == math.prod(map(len, points)), text
+        named = every if "every tiny model" in text else set(re.findall(r"tiny_\w+", text))
+        assert not covered or not named or named == covered, text
 
 
 def test_readme_map_is_generated_from_the_tree():

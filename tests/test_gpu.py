@@ -167,11 +167,27 @@ def test_attention_decode_and_chunks_equal_train_forward():
     )
 
 
-def test_attention_backward_runs():
+def _causal_attention_grads64(q, k, v) -> list[torch.Tensor]:
+    """d/d(q, k, v) of sum(attention^2), causal with grouped KV heads, by float64 autograd
+    on the CPU: the reference the kernels' gradients are held to."""
+    q, k, v = (t.detach().cpu().double().requires_grad_() for t in (q, k, v))
+    groups, seq = q.shape[1] // k.shape[1], q.shape[2]
+    kf, vf = (t.repeat_interleave(groups, dim=1) for t in (k, v))
+    scores = q @ kf.transpose(-1, -2) / q.shape[-1] ** 0.5
+    scores = scores.masked_fill(torch.ones(seq, seq, dtype=torch.bool).triu(1), float("-inf"))
+    (scores.softmax(-1) @ vf).square().sum().backward()
+    return [q.grad, k.grad, v.grad]
+
+
+def test_attention_backward_matches_float64():
+    """fp32 kernels against float64: 1e-4 holds their rounding over 40 keys, and a wrong
+    scale, mask or KV-head sum is off by far more."""
     q, k, v = (t.float().requires_grad_() for t in _qkv(40, (4, 2), 64))
     positions = torch.arange(40, device=DEV).expand(3, 40)
     cuda.attention(q, k, v, positions).square().sum().backward()
-    assert q.grad is not None and k.grad.shape == k.shape
+    want = _causal_attention_grads64(q, k, v)
+    for got, ref in zip((q.grad, k.grad, v.grad), want, strict=True):
+        torch.testing.assert_close(got.cpu().double(), ref, rtol=1e-4, atol=1e-4)
 
 
 def test_moe_grouped_combine_invariant_on_gpu():

@@ -77,9 +77,13 @@ def test_rms_norm_and_softmax_match_torch():
     g = torch.Generator().manual_seed(2)
     x, w = torch.randn(4, 5, 48, generator=g), torch.rand(48, generator=g) + 0.5
     torch.testing.assert_close(rowwise.rms_norm(x, w, 1e-6), fast.rms_norm(x, w, 1e-6), **TOL)
-    xr = x.clone().requires_grad_()
-    rowwise.rms_norm(xr, w, 1e-6).sum().backward()
-    assert xr.grad is not None and xr.grad.shape == x.shape
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    rowwise.rms_norm(xr, wr, 1e-6).square().sum().backward()
+    x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+    rms64 = torch.rsqrt(x64.square().mean(-1, keepdim=True) + 1e-6)
+    (x64 * rms64 * w64).square().sum().backward()  # float64 autograd: the reference gradient
+    torch.testing.assert_close(xr.grad, x64.grad.float(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(wr.grad, w64.grad.float(), rtol=1e-4, atol=1e-4)
     s = torch.randn(7, 12, generator=g)
     torch.testing.assert_close(rowwise.softmax(s), torch.softmax(s, -1), **TOL)
 

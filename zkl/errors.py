@@ -7,6 +7,8 @@ stopped taking writes) or its numbers did (`NonFinite`: NaN or inf logprobs or u
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ConfigError(ValueError):
     """A configuration that cannot work; the message names the key to change."""
@@ -33,3 +35,11 @@ def positive(value: float, key: str) -> None:
     """Refuse `key=value` unless the value is above zero."""
     if value <= 0:
         raise ConfigError(f"{key}={value} must be positive.")
+
+
+def from_checkpoint(model: Any) -> str:
+    """What a refusal naming an architecture key (`model.hidden_size`, ...) adds when
+    `model.checkpoint` is set: that is the key the user set, and its config.json fixes the
+    architecture. `model` is a ModelConfig, of which only `checkpoint` is read: every part's
+    check that names a model size (models, precision) words it alike from here."""
+    return f" (from model.checkpoint={model.checkpoint}'s config.json)" if model.checkpoint else ""

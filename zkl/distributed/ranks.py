@@ -82,13 +82,7 @@ class World:
         return torch.device("cpu")
 
 
-_WORLD = World()
 _OWN_ENV: list[str] = []  # the variables `init` set for a group of one
-
-
-def current() -> World:
-    """This process's place among the trainer's ranks (World() outside a distributed run)."""
-    return _WORLD
 
 
 def backend(cfg: Any) -> str:
@@ -99,11 +93,11 @@ def backend(cfg: Any) -> str:
 
 def init(cfg: Any) -> World:
     """Join the process group of the ranks the launcher started (or a group of one for
-    `trainer.fsdp=true` at world size 1); set this rank's GPU. World() when not sharded."""
-    global _WORLD
+    `trainer.fsdp=true` at world size 1); set this rank's GPU. World() when not sharded.
+    The caller hands the World to what reads it (the policy, the Saver): no process-wide
+    copy is kept."""
     if not sharded(cfg):
-        _WORLD = World()
-        return _WORLD
+        return World()
     if "WORLD_SIZE" not in os.environ:  # world size 1 through the FSDP path
         own = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": str(free_port())}
         own.update({} if "MASTER_ADDR" in os.environ else {"MASTER_ADDR": "127.0.0.1"})
@@ -123,14 +117,11 @@ def init(cfg: Any) -> World:
         timeout=timedelta(seconds=cfg.trainer.timeout_s),
         device_id=device if kind == "nccl" else None,
     )
-    _WORLD = World(rank, size, local_rank, sharded=True)
-    return _WORLD
+    return World(rank, size, local_rank, sharded=True)
 
 
 def shutdown() -> None:
     """Leave the process group; NCCL's is aborted so that a peer that is gone cannot hang it."""
-    global _WORLD
-    _WORLD = World()
     for key in _OWN_ENV:
         os.environ.pop(key, None)
     _OWN_ENV.clear()

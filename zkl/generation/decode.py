@@ -31,8 +31,10 @@ class GenerationModel(Protocol):
     to that cache's rows `slots` before attending over them."""
 
     embed_tokens: torch.nn.Embedding  # its weight gives the model's device and dtype
-    cfg: Any  # its ModelConfig: the position limit and the CUDA-graph rule read it
+    cfg: Any  # its ModelConfig: the CUDA-graph rule reads it
     backend: str  # the `engine.backend` that built it
+
+    def check_positions(self, positions: int, needed_by: str) -> None: ...
 
     def make_cache(self, num_slots: int, max_len: int) -> KVCache: ...
 

@@ -28,7 +28,6 @@ from zkl.generation.prefix_cache import PrefixCache
 from zkl.generation.sampling import SamplingParams
 from zkl.generation.slots import SlotState
 from zkl.invariance import active, is_enabled
-from zkl.models.config import check_positions
 from zkl.precision.recipes import quantizes, weight_cache
 
 CAPACITY_STEP = 256  # graphs keep their cache: lengths round up to this, so few recaptures
@@ -143,7 +142,7 @@ class Scheduler:
         stats = self.stats = SchedulerStats()
         max_new = max(r.params.max_new_tokens for r in requests)
         max_len = max(len(r.prompt) for r in requests) + max_new
-        check_positions(self.model.cfg, max_len, "a prompt plus sampling.max_new_tokens needs")
+        self.model.check_positions(max_len, "a prompt plus sampling.max_new_tokens needs")
         sampler = Sampler(
             top_k=any(r.params.top_k > 0 for r in requests),
             top_p=any(r.params.top_p < 1 for r in requests),

@@ -7,6 +7,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from zkl.generation.kv_cache import KVCache
+from zkl.models.config import check_positions
 
 
 class CausalLM(nn.Module):
@@ -41,6 +42,11 @@ class CausalLM(nn.Module):
         own tokens are its keys and positions must be 0..T-1.
         """
         return self.logits(tokens, positions, cache, slots, logit_index)
+
+    def check_positions(self, positions: int, needed_by: str) -> None:
+        """ConfigError when `positions` pass the model's position limit: the engine asks the
+        model, so the rule stays with the model's config and generation imports no model code."""
+        check_positions(self.cfg, positions, needed_by)
 
     def logits(self, tokens, positions, cache, slots, logit_index) -> torch.Tensor:
         return self.lm_head(self.hidden_states(tokens, positions, cache, slots, logit_index))

@@ -207,13 +207,6 @@ def check_top_k(cfg: ModelConfig, experts: str) -> None:
         )
 
 
-def from_checkpoint(cfg: ModelConfig) -> str:
-    """What a refusal naming an architecture key (`model.hidden_size`, ...) adds when
-    `model.checkpoint` is set: that is the key the user set, and its config.json fixes the
-    architecture (read from it, or a model group that must agree with it)."""
-    return f" (from model.checkpoint={cfg.checkpoint}'s config.json)" if cfg.checkpoint else ""
-
-
 def model_named(cfg: ModelConfig) -> str:
     """The model as a refusal names it: the checkpoint the user gave, else its group."""
     return f"model.checkpoint={cfg.checkpoint}" if cfg.checkpoint else f"model={cfg.name}"

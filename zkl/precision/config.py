@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from zkl.errors import ConfigError
-from zkl.models.config import from_checkpoint
+from zkl.errors import ConfigError, from_checkpoint
 
 MX_BLOCK = 32  # an MXFP8 scale covers 32 elements along K
 

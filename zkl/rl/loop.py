@@ -4,6 +4,8 @@ One step: rollout (gen path) -> score (train path) -> mismatch metrics -> reward
 advantages -> corrections -> update -> refit, each one call into the part that owns it. The
 metrics of every step land in the run directory before the next step starts. The config is
 checked where a run is entered (zkl/run/validate.py `check_run`), before this loop starts.
+`cfg` is the run's `zkl.run.schema.ZklConfig`, taken duck-typed (the schema composes the
+parts, this one among them); the loop reads its parts' fields.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import math
 import time
 from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -39,9 +41,6 @@ from zkl.trainer.build import build_policy
 from zkl.trainer.policy import Policy
 from zkl.trainer.update import UpdateBatch
 
-if TYPE_CHECKING:  # the schema composes the parts; the loop names it only in annotations
-    from zkl.run.schema import ZklConfig
-
 TIMING_PREFIXES = ("timing/", "perf/")
 
 
@@ -53,7 +52,7 @@ def sampled_requests(sp, prompts: list[list[int]], seeds: list[int]) -> list[Req
     ]
 
 
-def make_requests(cfg: ZklConfig, task, step: int) -> tuple[list, list[Request]]:
+def make_requests(cfg: Any, task, step: int) -> tuple[list, list[Request]]:
     """G samples of each prompt of this step; each request's seed is fixed by (seed, step, i)."""
     problems = task.problems(cfg.seed, step, cfg.rl.prompts_per_step)
     prompts = [p for p in map(task.prompt, problems) for _ in range(cfg.rl.samples_per_prompt)]
@@ -90,7 +89,7 @@ def token_records(
     ]
 
 
-def run(cfg: ZklConfig, run_dir: str | Path, progress: bool | None = None) -> list[dict[str, Any]]:
+def run(cfg: Any, run_dir: str | Path, progress: bool | None = None) -> list[dict[str, Any]]:
     """Run `cfg.rl.steps` GRPO steps; return the metric rows (also in run_dir/metrics.jsonl).
 
     `cfg` is checked already (zkl/run/validate.py `check_run`, by the entry point). A resumed
@@ -108,7 +107,7 @@ def run(cfg: ZklConfig, run_dir: str | Path, progress: bool | None = None) -> li
         return _join_and_run(cfg, task, run_dir, progress)
 
 
-def _join_and_run(cfg: ZklConfig, task, run_dir, progress: bool | None) -> list[dict[str, Any]]:
+def _join_and_run(cfg: Any, task, run_dir, progress: bool | None) -> list[dict[str, Any]]:
     world = launch.join(cfg)
     finished = False
     try:
@@ -123,7 +122,7 @@ def _join_and_run(cfg: ZklConfig, task, run_dir, progress: bool | None) -> list[
         launch.leave(world, finished)
 
 
-def _run(cfg: ZklConfig, task, run_dir, progress: bool | None, world) -> list[dict[str, Any]]:
+def _run(cfg: Any, task, run_dir, progress: bool | None, world) -> list[dict[str, Any]]:
     resume = sharded_checkpoint.prepare(cfg, run_dir, world)
     threads.apply(cfg)
     fixes = invariance.from_config(cfg)
@@ -133,14 +132,14 @@ def _run(cfg: ZklConfig, task, run_dir, progress: bool | None, world) -> list[di
     generator = None
     try:
         with invariance.enabled(fixes):
-            policy = build_policy(cfg, grpo_loss(cfg.rl))
+            policy = build_policy(cfg, grpo_loss(cfg.rl), world)
             checkpoint.restore(resume, policy)
             generator = build_generator(cfg, policy, task.tokenizer.eos_id, run_dir)
             generator.refit(policy.refit_state(), policy.version)
             show = (cfg.tracking.progress if progress is None else progress) and world.is_main
             steps = range(resume.step, cfg.rl.steps)
             bar = tqdm(steps, "grpo", cfg.rl.steps, disable=not show, initial=resume.step)
-            with bar, checkpoint.Saver(cfg, run_dir, policy, log, resume.step) as saver:
+            with bar, checkpoint.Saver(cfg, run_dir, policy, log, resume.step, world) as saver:
                 for step in bar:  # `with bar`: an interrupt leaves the bar's line finished
                     saver.before_step()
                     val = validate_step(cfg, task, generator, step)
@@ -161,7 +160,7 @@ def _run(cfg: ZklConfig, task, run_dir, progress: bool | None, world) -> list[di
     return rows
 
 
-def validate_step(cfg: ZklConfig, task, generator, step: int) -> dict[str, Any]:
+def validate_step(cfg: Any, task, generator, step: int) -> dict[str, Any]:
     """The `val/*` metrics of the weights step `step` generates with, when validation is due."""
     if not val_due(step, cfg.rl.val_every, cfg.rl.steps):
         return {}
@@ -175,7 +174,7 @@ def validate_step(cfg: ZklConfig, task, generator, step: int) -> dict[str, Any]:
 
 
 def train_step(
-    cfg: ZklConfig, task, policy: Policy, generator, step: int, log: RunLog, extra=None
+    cfg: Any, task, policy: Policy, generator, step: int, log: RunLog, extra=None
 ) -> dict:
     """rollout -> score -> rewards -> advantages -> corrections -> update -> refit, logged
     (with `extra`) before returning.
@@ -256,7 +255,7 @@ def sum_stats(parts: list[SchedulerStats]) -> SchedulerStats:
     )
 
 
-def check_finite(cfg: ZklConfig, step: int, lp_gen, lp_train, row: dict[str, Any]) -> None:
+def check_finite(cfg: Any, step: int, lp_gen, lp_train, row: dict[str, Any]) -> None:
     """Stop the run (after the step is logged) at the first NaN or inf it produced."""
     parts = {"the generator's logprobs": lp_gen, "the trainer's logprobs": lp_train}
     bad = [name for name, t in parts.items() if not bool(torch.isfinite(t).all())]

@@ -17,13 +17,13 @@ from zkl import environment
 from zkl.data.tasks import build_task
 from zkl.device import check_device, generator_device, on_cuda, resolve_device
 from zkl.distributed.checks import check_trainer
-from zkl.errors import ConfigError
+from zkl.errors import ConfigError, from_checkpoint
 from zkl.generation import config as generation_config
 from zkl.generation.graphs import graph_unsupported_reason
 from zkl.megatron.check import engine_problem
 from zkl.megatron.mapping import ENGINES
 from zkl.memory import check_memory
-from zkl.models.config import check_positions, from_checkpoint, model_named
+from zkl.models.config import check_positions, model_named
 from zkl.models.hf_weights_check import check_hf_weights
 from zkl.models.registry import family, validate_model
 from zkl.precision.config import quantizes

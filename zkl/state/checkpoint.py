@@ -10,6 +10,8 @@ is saved whatever `checkpoint.every` says, then the signal's earlier handler run
 resumed from. A second Ctrl-C stops at once: the step in flight is abandoned (none of it is
 logged or saved; the steps before it stay as they were), except during a save, which
 finishes first.
+`cfg` is the run's `zkl.run.schema.ZklConfig`, taken duck-typed (the schema composes the
+parts, this one among them): `checkpoint.*`, `rl.steps`, and the whole of it saved as a dict.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -34,9 +36,6 @@ from zkl.state import sharded as sharded_checkpoint
 from zkl.state.config import CHECKPOINT_FILE
 from zkl.state.requeue import cap_reached
 from zkl.state.resume import Resume, config_dict
-
-if TYPE_CHECKING:  # the schema composes the parts; a part names it only in annotations
-    from zkl.run.schema import ZklConfig
 
 
 def restore(resume: Resume, policy) -> None:
@@ -54,7 +53,7 @@ def restore(resume: Resume, policy) -> None:
         torch.cuda.set_rng_state_all(rng["cuda"])
 
 
-def save(run_dir: str | Path, cfg: ZklConfig, policy, next_step: int, log, requeue: bool) -> None:
+def save(run_dir: str | Path, cfg: Any, policy, next_step: int, log, requeue: bool) -> None:
     """Write the state before `next_step` atomically, with its digest (state/checkpoint_file.py)."""
     if policy.world.sharded:  # every rank writes its shards (a collective)
         return sharded_checkpoint.save(run_dir, cfg, policy, next_step, log, requeue)
@@ -147,7 +146,7 @@ def _logged(count: int) -> str:
     return "step 0 is" if count == 1 else f"steps 0-{count - 1} are"
 
 
-def standing(cfg: ZklConfig, run_dir: str | Path, logged: int, saved: int) -> str:
+def standing(cfg: Any, run_dir: str | Path, logged: int, saved: int) -> str:
     """Where a stopped run stands: steps before `logged` logged, the checkpoint's steps before
     `saved` (0: none), and what `resume=true` makes of that."""
     again = f"resume=true hydra.run.dir={run_dir}"
@@ -181,13 +180,24 @@ class Saver:
     """Saves every `checkpoint.every` steps, after the last step and when a stop signal came.
 
     `start`: the step the run starts at, which the checkpoint on disk (if any) continues from.
+    `world`: this process's rank of the run; rank 0 announces a signal, and every rank stops
+    when any got one.
     """
 
-    def __init__(self, cfg: ZklConfig, run_dir: str | Path, policy, log, start: int = 0):
+    def __init__(
+        self,
+        cfg: Any,
+        run_dir: str | Path,
+        policy,
+        log,
+        start: int = 0,
+        world: ranks.World | None = None,
+    ):
         self.cfg, self.run_dir, self.policy, self.log = cfg, run_dir, policy, log
+        self.world = world if world is not None else ranks.World()
         self.logged = self.saved = start  # steps before `logged` logged, before `saved` saved
         self.between = True  # no step in flight (before the first, or at a boundary)
-        self.main = ranks.current().is_main
+        self.main = self.world.is_main
         self.signals = StopSignals(self._announce if self.main else None)
 
     def _announce(self, signum: int) -> None:
@@ -227,7 +237,7 @@ class Saver:
         """Call once the step is logged: save if it is time, then act on a stop signal."""
         self.logged, self.between = step + 1, True
         every, last = self.cfg.checkpoint.every, step + 1 == self.cfg.rl.steps
-        stop = ranks.current().any(bool(self.signals.received)) and not last  # all ranks
+        stop = self.world.any(bool(self.signals.received)) and not last  # all ranks
         due = last or stop or (every and (step + 1) % every == 0)
         if due and self.cfg.checkpoint.save:
             requeue = stop and self.signals.preempted

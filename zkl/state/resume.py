@@ -8,6 +8,8 @@ keeps nothing across a refit that a later step can see, so it needs no saving; w
 off it reuses state computed with older weights, which is not saved, and such a run refuses
 to resume. A requeued job (`SLURM_RESTART_COUNT` > 0, or a submitit job restarted after a
 preemption signal) resumes by itself; by hand it is `python -m zkl ... resume=true`.
+`cfg` is the run's `zkl.run.schema.ZklConfig`, taken duck-typed (the schema composes the
+parts, this one among them): the whole of it is compared with the saved one.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -31,15 +33,12 @@ from zkl.state.resume_logs import trim_logs
 from zkl.state.same_config import first_difference
 from zkl.tracking.run_log import METRICS_FILE
 
-if TYPE_CHECKING:  # the schema composes the parts; a part names it only in annotations
-    from zkl.run.schema import ZklConfig
 
-
-def config_dict(cfg: ZklConfig) -> dict[str, Any]:
+def config_dict(cfg: Any) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.structured(cfg))
 
 
-def _check_same_config(cfg: ZklConfig, saved: dict[str, Any]) -> None:
+def _check_same_config(cfg: Any, saved: dict[str, Any]) -> None:
     difference = first_difference(config_dict(cfg), saved)
     if difference is not None:
         key, then, now = difference
@@ -48,7 +47,7 @@ def _check_same_config(cfg: ZklConfig, saved: dict[str, Any]) -> None:
         )
 
 
-def _check_engine_state_free(cfg: ZklConfig) -> None:
+def _check_engine_state_free(cfg: Any) -> None:
     """Refuse a resume that could not be bitwise: the scheduler's stale state is not saved."""
     fixes = invariance.from_config(cfg)
     if cfg.kv.mode == "persist" and "kv_invalidate_on_refit" not in fixes:
@@ -77,7 +76,7 @@ class Resume:
     run_dir: str | None = None
 
 
-def prepare(cfg: ZklConfig, run_dir: str | Path) -> Resume:
+def prepare(cfg: Any, run_dir: str | Path) -> Resume:
     """Decide how the run in `run_dir` starts; trim its logs to the checkpoint when resuming.
 
     Refuses (ConfigError, one sentence) a fresh run into a directory that already holds
@@ -113,7 +112,7 @@ def prepare(cfg: ZklConfig, run_dir: str | Path) -> Resume:
     return Resume(step, state, state["wandb_id"], str(run_dir))
 
 
-def checkpoint_bytes(cfg: ZklConfig) -> int:
+def checkpoint_bytes(cfg: Any) -> int:
     """The size of checkpoint.pt: bf16 weights, fp32 masters and two AdamW moments a parameter."""
     return 14 * param_count(cfg.model)
 
@@ -127,7 +126,7 @@ def size_text(num_bytes: float) -> str:
     raise AssertionError
 
 
-def _check_disk(cfg: ZklConfig, run_dir: Path) -> None:
+def _check_disk(cfg: Any, run_dir: Path) -> None:
     """Refuse, before any work, a run whose checkpoints would fill the run directory's disk.
 
     A checkpoint is written beside the one it replaces (temporary file, then rename), so a

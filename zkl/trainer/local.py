@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from zkl.distributed import ranks
 from zkl.trainer.policy import Policy
 from zkl.trainer.update import LossFn, UpdateBatch
 
@@ -58,8 +59,10 @@ class FP32Masters(InPlace):
 class LocalPolicy(Policy):
     """One process owns the whole model; `masters` says what AdamW steps."""
 
-    def __init__(self, cfg, loss_fn: LossFn | None = None) -> None:
-        super().__init__(cfg, loss_fn)
+    def __init__(
+        self, cfg, loss_fn: LossFn | None = None, world: ranks.World | None = None
+    ) -> None:
+        super().__init__(cfg, loss_fn, world)
         self.params = list(self.model.parameters())
         self.masters = (FP32Masters if self.use_master else InPlace)(self.params)
         self.optimizer = self._adamw(self.masters.tensors)

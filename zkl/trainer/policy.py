@@ -40,15 +40,19 @@ class Policy(abc.ABC):
 
     A subclass sets up `params` (what the backward fills) and `optimizer`, and says how a
     step, a minibatch share, the refit weights and the state dict look in its mode.
-    `loss_fn`: what `update` minimizes; a policy that only scores needs none.
+    `loss_fn`: what `update` minimizes; a policy that only scores needs none. `world`: this
+    process's rank of the run (`zkl.distributed.ranks.init`'s), handed in; one process by default.
     """
 
     params: list[torch.nn.Parameter]
     optimizer: torch.optim.Optimizer
 
-    def __init__(self, cfg, loss_fn: LossFn | None = None) -> None:
+    def __init__(
+        self, cfg, loss_fn: LossFn | None = None, world: ranks.World | None = None
+    ) -> None:
         self.cfg = cfg
         self.loss_fn = loss_fn
+        self.world = world if world is not None else ranks.World()
         self.compute_dtype = DTYPES[cfg.precision.compute_dtype]
         self.device = resolve_device(cfg.device)
         warn_random_weights(cfg.model)
@@ -61,7 +65,6 @@ class Policy(abc.ABC):
             cfg.engine.backend,
         )
         self.model.checkpoint_layers = cfg.trainer.activation_checkpointing
-        self.world = ranks.current()
         fp16 = cfg.precision.compute_dtype == "float16"  # its update scales the loss
         self.scaler = DynamicLossScaler() if fp16 else None
         self.reference = copy.deepcopy(self.model).eval() if cfg.rl.kl_coef > 0 else None

@@ -14,8 +14,10 @@ from zkl.trainer.weights import GatheredWeights
 
 
 class ShardedPolicy(Policy):
-    def __init__(self, cfg, loss_fn: LossFn | None = None) -> None:
-        super().__init__(cfg, loss_fn)
+    def __init__(
+        self, cfg, loss_fn: LossFn | None = None, world: ranks.World | None = None
+    ) -> None:
+        super().__init__(cfg, loss_fn, world)
         self.forward_dtypes = {n: p.dtype for n, p in self.model.named_parameters()}
         offload = cfg.trainer.offload
         self.replicated = fsdp.shard_model(self.model, self.use_master, self.device, offload)

@@ -3,7 +3,7 @@
 Why this kernel and not cuBLAS: cuBLAS picks its algorithm, split-K included, from M, so a
 row's bits change with the batch. A GEMM that walks K in order without splitting it gives
 each output the same bits whatever its tiling: measured on an H200 for every tile and form
-here (pointer or TMA loads, one tile per program or persistent; `zkl.experiments.gemm_tiles`,
+here (pointer or TMA loads, one tile per program or persistent; `zkl.lab.gemm_tiles`,
 docs/design.md section 4), and equal to no-split-K cuBLAS. So the tile may follow M, as a fast
 GEMM's does, at no cost to invariance. Because that is a property of the device, it is
 checked there: the first call of each (K, N, dtype, device) runs every tile and form that

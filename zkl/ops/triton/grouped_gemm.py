@@ -33,7 +33,7 @@ from zkl.ops.triton.gemm import (
 )
 
 _TABLES: dict[tuple, torch.Tensor] = {}  # weight address tables, by (device, addresses)
-# Measured on an H200 (docs/benchmarks.md, experiments.grouped_tiles): while the groups are
+# Measured on an H200 (docs/benchmarks.md, zkl.lab.grouped_tiles): while the groups are
 # decode-sized (a few rows an expert), 16-row tiles waste the least MMA work and read each
 # expert's weight at the highest rate; 1.5x faster than 64-row tiles at Qwen3-30B-A3B's shapes.
 SMALL_GROUPS = (16, 64, 128, 4, 4)

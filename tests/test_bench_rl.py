@@ -49,3 +49,22 @@ def test_the_device_helpers_reach_torch_cuda(monkeypatch):
     bench_rl._sync()
     assert calls == ["sync"]
     assert bench_rl._peak_gb() == 2.0
+
+
+def test_both_modes_are_checked_before_any_work(monkeypatch):
+    """The default mode's memory check runs before the policy is built: checked after the
+    zero mode's step, it would compare its estimate with what that step left free and
+    refuse a shape that fits."""
+    checked, built = [], []
+
+    def refuse_default(cfg, task):
+        checked.append(cfg.zero_train_gen_mismatch)
+        if not cfg.zero_train_gen_mismatch:
+            raise ConfigError("needs more memory than is free")
+
+    monkeypatch.setattr(bench_rl, "validate_run", refuse_default)
+    monkeypatch.setattr(bench_rl, "build_policy", lambda *a, **k: built.append(1))
+    cfg = compose(["tracking.wandb.mode=disabled"], schema=BenchRunConfig)
+    with pytest.raises(ConfigError, match="memory"):
+        bench_rl.step_rows(cfg, "40x6x8")
+    assert checked == [True, False] and built == []

@@ -148,14 +148,17 @@ def step_rows(cfg: Any, shape: str) -> dict[str, object]:
     task = build_task(c)
     out: dict[str, object] = {}
     key = f"rl_step/{shape}"
+    positions = task.max_prompt_len + c.sampling.max_new_tokens
+    configs, estimates = {}, {}
+    for mode in MODES:  # both refusals before any work, against the device's free memory
+        configs[mode] = replace(c, zero_train_gen_mismatch=mode == "zero")
+        estimates[mode] = sum(memory.estimate(configs[mode], positions).values())
+        validate_run(configs[mode], task)
     policy = build_policy(c, grpo_loss(c.rl))
     initial = {k: v.to("cpu", copy=True) if torch.is_tensor(v) else copy.deepcopy(v)
                for k, v in policy.state_dict().items()}  # fmt: skip
     for mode, fixes in MODES.items():
-        c.zero_train_gen_mismatch = mode == "zero"
-        positions = task.max_prompt_len + c.sampling.max_new_tokens
-        estimate = sum(memory.estimate(c, positions).values())
-        validate_run(c, task)  # refuses, as a run would, where the estimate cannot fit
+        c, estimate = configs[mode], estimates[mode]
         with invariance.enabled(fixes):
             generator = build_generator(c, policy, task.tokenizer.eos_id)
             try:

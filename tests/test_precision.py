@@ -123,7 +123,7 @@ def test_engine_quant_cache_after_refit(flag):
         try:
             generator.refit(policy.refit_state(), policy.version)
             generator.generate(requests)
-            cache = generator.engine.quant_cache
+            cache = generator.scheduler.quant_cache
             assert set(cache) == set(linears)  # tiny_dense: every Linear ran
             for key, w in cache.items():
                 assert torch.equal(w, fake_quantize_mxfp8(linears[key].weight.detach()))

@@ -18,6 +18,7 @@ from conftest import make_cfg
 
 from zkl.errors import ConfigError
 from zkl.rl.loop import TIMING_PREFIXES, run
+from zkl.run.validate import check_run
 from zkl.state.config import CHECKPOINT_FILE
 from zkl.tracking.errors import ERROR_FILE
 from zkl.tracking.run_log import read_metrics
@@ -202,7 +203,7 @@ def test_checkpoint_save_false_writes_none_and_cannot_resume(tmp_path):
     )
     assert len(rows) == 2 and not (tmp_path / CHECKPOINT_FILE).exists()
     with pytest.raises(ConfigError, match=r"checkpoint.save=false writes none; set checkpoint"):
-        run(make_cfg("rl.steps=3", "resume=true", "checkpoint.save=false", *TINY), tmp_path)
+        check_run(make_cfg("rl.steps=3", "resume=true", "checkpoint.save=false", *TINY))
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2  # nothing lost
 
 

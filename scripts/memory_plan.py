@@ -12,9 +12,14 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from zkl.memory import GB, HOST_ONLY, estimate, param_count
+from zkl.memory import GB, HOST_ONLY, PHASES, estimate, param_count, peak
 from zkl.run.compose import compose
 from zkl.run.validate import default_positions
+
+
+def phase(part: str) -> str:
+    """' (phase)' after a part that lives only while its phase of the step runs."""
+    return " (phase)" if any(part in p for p in PHASES) else ""
 
 
 def plan(overrides: list[str]) -> str:
@@ -23,13 +28,14 @@ def plan(overrides: list[str]) -> str:
     positions = default_positions(cfg)
     parts = estimate(cfg, positions)
     gpu = {k: v for k, v in parts.items() if k not in HOST_ONLY and v}
+    largest_first = sorted(gpu.items(), key=lambda kv: -kv[1])
     lines = [
         f"{cfg.model.name}: {param_count(cfg.model) / 1e9:.2f} B parameters, "
         f"{cfg.model.num_hidden_layers} layers, trainer.world_size={cfg.trainer.world_size}, "
         f"{positions} positions",
-        *(f"  {k:<30} {v / GB:8.1f} GB" for k, v in sorted(gpu.items(), key=lambda kv: -kv[1])),
-        f"  {'per GPU':<30} {sum(gpu.values()) / GB:8.1f} GB",
-        f"  {'host, per rank':<30} {sum(parts.get(k, 0.0) for k in HOST_ONLY) / GB:8.1f} GB",
+        *(f"  {k + phase(k):<42} {v / GB:8.1f} GB" for k, v in largest_first),
+        f"  {'per GPU (the largest phase)':<42} {peak(gpu) / GB:8.1f} GB",
+        f"  {'host, per rank':<42} {sum(parts.get(k, 0.0) for k in HOST_ONLY) / GB:8.1f} GB",
     ]
     return "\n".join(lines)
 

@@ -148,7 +148,7 @@ def test_a_model_too_large_for_the_machine_names_the_estimate(monkeypatch):
     monkeypatch.setattr(memory, "available_bytes", lambda: 24 * 10**9)
     message = refusal(["model=qwen3_30b_a3b"])
     cfg = make_cfg("model=qwen3_30b_a3b")
-    estimate = sum(memory.estimate(cfg, default_positions(cfg)).values()) / 1e9
+    estimate = memory.peak(memory.estimate(cfg, default_positions(cfg))) / 1e9
     assert f"needs about {estimate:.1f} GB" in message and "24.0 GB free" in message
     assert "model=" in message and "weights and optimizer state" in message
 
@@ -220,7 +220,7 @@ def test_entry_points_refuse_before_work(module, overrides, key, tmp_path):
 @pytest.mark.slow
 def test_a_30b_model_on_a_small_machine_is_refused_with_the_estimate(tmp_path):
     cfg = make_cfg("model=qwen3_30b_a3b")
-    needed = sum(memory.estimate(cfg, default_positions(cfg)).values())
+    needed = memory.peak(memory.estimate(cfg, default_positions(cfg)))
     if memory.available_bytes() >= needed:
         pytest.skip(f"this machine has the {needed / 1e9:.0f} GB the 30B run needs")
     out = run_entry("zkl", ["model=qwen3_30b_a3b"], tmp_path / "run")

@@ -2,8 +2,9 @@
 
 Without this, a size knob in the millions ends in an allocator traceback minutes in, and a
 30B model on a small machine swaps toward hundreds of GB with no output. The estimate is
-the sum of the large buffers (weights, fp32 master, AdamW state and gradients, KV and
-prefix cache, scoring logits, update activations, rollout records); it is compared with
+the sum of the large buffers that live at once (`peak`): the lasting ones (weights, fp32
+master, AdamW state and gradients, KV and prefix cache, rollout records) and the largest
+phase's (generation activations, scoring logits, or update activations); it is compared with
 what the machine (and, when the run uses a CUDA device, the device) has free.
 """
 
@@ -57,6 +58,13 @@ ADVICE = {
     "more free memory (layout.generator_device)",
 }
 HOST_ONLY = ("rollout records", "processes", "offloaded shards")
+# A step generates, then scores, then updates; each phase's transient buffers are gone before
+# the next one's exist, while the weights, the optimizer state, the caches and the records stay.
+PHASES = (
+    ("generation activations",),
+    ("scoring logits", "Mamba chunk scan"),
+    ("update activations", "Mamba chunk scan"),
+)
 
 
 def _own_gpu(cfg: Any) -> bool:
@@ -249,8 +257,15 @@ def available_bytes() -> int:
     return available
 
 
+def peak(parts: dict[str, float]) -> float:
+    """Bytes held at once: every lasting part of `estimate`, and the largest phase's."""
+    transient = {name for phase in PHASES for name in phase}
+    lasting = sum(v for k, v in parts.items() if k not in transient)
+    return lasting + max(sum(parts.get(k, 0.0) for k in phase) for phase in PHASES)
+
+
 def _refuse(parts: dict[str, float], free: float, where: str) -> None:
-    total = sum(parts.values())
+    total = peak(parts)
     if total <= free:
         return
     name = max(parts, key=parts.get)

@@ -152,7 +152,7 @@ def step_rows(cfg: Any, shape: str) -> dict[str, object]:
     configs, estimates = {}, {}
     for mode in MODES:  # both refusals before any work, against the device's free memory
         configs[mode] = replace(c, zero_train_gen_mismatch=mode == "zero")
-        estimates[mode] = sum(memory.estimate(configs[mode], positions).values())
+        estimates[mode] = memory.peak(memory.estimate(configs[mode], positions))
         validate_run(configs[mode], task)
     policy = build_policy(c, grpo_loss(c.rl))
     initial = {k: v.to("cpu", copy=True) if torch.is_tensor(v) else copy.deepcopy(v)

@@ -34,8 +34,7 @@ def compare(overrides: list[str]) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         for device in ("cpu", "cuda"):
             cfg = compose([*base, f"device={device}"])
-            check_run(cfg)
-            run(cfg, Path(tmp) / device)
+            run(cfg, Path(tmp) / device, task=check_run(cfg))
             out[device] = _tokens(Path(tmp) / device)
     rows = []
     for step in sorted({s for s, _ in out["cpu"]}):

@@ -78,8 +78,7 @@ def main() -> None:
     for (layout, kv, precision), family in itertools.product(MATRIX[args.start :], args.families):
         name = f"{family}_{layout}_{kv}_{precision}"
         cfg = compose(overrides(checkpoints[family], layout, kv, precision, args.steps))
-        check_run(cfg)
-        rows = run(cfg, args.out / name)
+        rows = run(cfg, args.out / name, task=check_run(cfg))
         diff = max(r["train/max_abs_logprob_diff"] for r in rows)
         kl = max(r["train/gen_kl_error"] for r in rows)
         trained = sum(r["optim/update_norm"] > 0 and r["weights/changed_tensors"] > 0 for r in rows)

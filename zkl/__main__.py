@@ -32,8 +32,8 @@ def experiment(dcfg: DictConfig) -> None:
     from zkl.run.validate import check_run  # lazy: builds the task, imports the models
 
     cfg = to_object(dcfg)
-    check_run(cfg)  # the checks that span parts, and the environment, before any work
-    rows = run(cfg, run_dir)
+    task = check_run(cfg)  # the checks that span parts, and the environment, before any work
+    rows = run(cfg, run_dir, task=task)
     print(summary_line(rows, run_dir))
 
 

@@ -89,15 +89,18 @@ def token_records(
     ]
 
 
-def run(cfg: Any, run_dir: str | Path, progress: bool | None = None) -> list[dict[str, Any]]:
+def run(
+    cfg: Any, run_dir: str | Path, progress: bool | None = None, task: Any = None
+) -> list[dict[str, Any]]:
     """Run `cfg.rl.steps` GRPO steps; return the metric rows (also in run_dir/metrics.jsonl).
 
-    `cfg` is checked already (zkl/run/validate.py `check_run`, by the entry point). A resumed
-    run (zkl/state/resume.py) starts at its checkpoint's step; the rows returned include the
-    earlier steps' rows, read back from metrics.jsonl. The run holds the run directory's lock
-    (zkl/state/run_lock.py) before it reads or writes anything there.
+    `cfg` is checked already (zkl/run/validate.py `check_run`, by the entry point); `task` is
+    the task that check built, so a dataset task reads its file and tokenizer once (None:
+    built here). A resumed run (zkl/state/resume.py) starts at its checkpoint's step; the
+    rows returned include the earlier steps' rows, read back from metrics.jsonl. The run holds
+    the run directory's lock (zkl/state/run_lock.py) before it reads or writes anything there.
     """
-    task = build_task(cfg)
+    task = task if task is not None else build_task(cfg)
     if not launch.owns_run_dir():  # a rank its spawner (or rank 0) holds the lock for
         return _join_and_run(cfg, task, run_dir, progress)
     with run_lock.held(run_dir):

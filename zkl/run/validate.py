@@ -68,11 +68,14 @@ def validate_run(cfg: ZklConfig, task: Any) -> None:
     )
 
 
-def check_run(cfg: ZklConfig) -> None:
+def check_run(cfg: ZklConfig) -> Any:
     """Every refusal a training run of `cfg` meets before any work: the config with its task
-    (`validate_run`), then the environment variables the run reads (zkl/environment.py)."""
-    validate_run(cfg, build_task(cfg))
+    (`validate_run`), then the environment variables the run reads (zkl/environment.py).
+    Returns the task it built, for the loop (`zkl.rl.loop.run(..., task=)`) to reuse."""
+    task = build_task(cfg)
+    validate_run(cfg, task)
     environment.check(wandb_on=cfg.tracking.wandb.mode != "disabled")
+    return task
 
 
 def default_positions(cfg: Any) -> int:

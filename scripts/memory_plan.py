@@ -12,14 +12,14 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from zkl.memory import GB, HOST_ONLY, PHASES, estimate, param_count, peak
+from zkl.memory import GB, HOST_ONLY, TRANSIENT, estimate, param_count, peak
 from zkl.run.compose import compose
 from zkl.run.validate import default_positions
 
 
 def phase(part: str) -> str:
     """' (phase)' after a part that lives only while its phase of the step runs."""
-    return " (phase)" if any(part in p for p in PHASES) else ""
+    return " (phase)" if part in TRANSIENT else ""
 
 
 def plan(overrides: list[str]) -> str:

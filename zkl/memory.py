@@ -65,6 +65,7 @@ PHASES = (
     ("scoring logits", "Mamba chunk scan"),
     ("update activations", "Mamba chunk scan"),
 )
+TRANSIENT = frozenset(name for phase in PHASES for name in phase)
 
 
 def _own_gpu(cfg: Any) -> bool:
@@ -86,14 +87,14 @@ def _token_bytes(cfg: Any, positions: int) -> tuple[int, int, int]:
     return c, kv_token, (10 * m.hidden_size + 3 * width) * c + attention_row
 
 
-def _kept_per_token(cfg: Any, layer_token: int) -> int:
-    """Bytes a token's update keeps for the backward: every layer's activations, or with
+def _kept_per_token(cfg: Any, c: int, layer_token: int) -> int:
+    """Bytes a token's update keeps for the backward (`c` bytes a compute-dtype value): every
+    layer's activations, or with
     `trainer.activation_checkpointing` each layer's input pair (residual stream and the
     pending sub-layer output) plus the one layer being remade."""
     m = cfg.model
     if not cfg.trainer.activation_checkpointing:
         return m.num_hidden_layers * layer_token
-    c = DTYPES[cfg.precision.compute_dtype].itemsize
     return m.num_hidden_layers * 2 * m.hidden_size * c + layer_token
 
 
@@ -168,7 +169,7 @@ def estimate(cfg: Any, positions: int) -> dict[str, float]:
         # the train path makes the logits LOGIT_TOKENS at a time (trainer/scoring)
         "scoring logits": float(min(scored * positions, LOGIT_TOKENS) * m.vocab_size * score_bytes),
         "update activations": float(
-            minibatch * positions * _kept_per_token(cfg, layer_token)
+            minibatch * positions * _kept_per_token(cfg, c, layer_token)
             + min(minibatch * positions, LOGIT_TOKENS) * m.vocab_size * update_bytes
         ),
         # the trainer's forwards; the scheduler prefills a hybrid one request at a time
@@ -259,8 +260,7 @@ def available_bytes() -> int:
 
 def peak(parts: dict[str, float]) -> float:
     """Bytes held at once: every lasting part of `estimate`, and the largest phase's."""
-    transient = {name for phase in PHASES for name in phase}
-    lasting = sum(v for k, v in parts.items() if k not in transient)
+    lasting = sum(v for k, v in parts.items() if k not in TRANSIENT)
     return lasting + max(sum(parts.get(k, 0.0) for k in phase) for phase in PHASES)
 
 

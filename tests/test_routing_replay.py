@@ -12,7 +12,7 @@ from conftest import make_cfg, small_model
 
 from zkl import invariance
 from zkl.errors import ConfigError
-from zkl.generation.routes import RouteTape, replay_batch, taping
+from zkl.generation.routes import RouteTape, replay_batch
 from zkl.generation.sampling import SamplingParams
 from zkl.generation.scheduler import Request, Scheduler
 from zkl.rl.loss import grpo_loss
@@ -101,8 +101,8 @@ def test_forged_routes_steer_the_experts_and_the_gate_stays_differentiable():
 
         tokens, _ = pad_sequences(prompts, responses)
         trained = copy.deepcopy(model)
-        with taping(RouteTape(replay_batch(forged, tokens.shape[1]))):
-            sequence_logprobs(trained, tokens).sum().backward()
+        tape = RouteTape(replay_batch(forged, tokens.shape[1]))
+        sequence_logprobs(trained, tokens, routes=tape).sum().backward()
     gate = trained.layers[0].mlp.gate.weight.grad
     assert gate is not None and bool(gate.abs().sum() > 0)
 

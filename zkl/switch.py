@@ -1,9 +1,8 @@
 """The one mechanism behind every process-wide switch: a value set for a `with` block.
 
 The fixes that are on (`zkl.invariance.enabled`), the generator's cache of quantized weights
-(`zkl.precision.recipes.weight_cache`), a CUDA graph step's static shapes
-(`zkl.ops.fast.static_shapes`) and the MoE routes' tape (`zkl.generation.routes.taping`) are
-each a `Switch`. Code reads one with `get()` (through
+(`zkl.precision.recipes.weight_cache`) and a CUDA graph step's static shapes
+(`zkl.ops.fast.static_shapes`) are each a `Switch`. Code reads one with `get()` (through
 its owner's `is_enabled`-style accessor); only `scoped(value)` changes it, and its `finally`
 puts the previous value back however the block ends, so nested scopes and errors never
 leave a switch behind. The value is the process's, not a thread's: the trainer and the

@@ -20,6 +20,7 @@ import torch
 from zkl import ops
 from zkl.generation import routes
 from zkl.generation.kv_cache import KVCache
+from zkl.generation.routes import RouteTape
 from zkl.generation.sampling import filtered, gumbel_max, scaled_logits
 from zkl.generation.slots import SlotState
 from zkl.invariance import is_enabled
@@ -45,6 +46,7 @@ class GenerationModel(Protocol):
         cache: KVCache | None = None,
         slots: torch.Tensor | None = None,  # [B]
         logit_index: torch.Tensor | None = None,  # [B]: logits of that position only
+        routes: RouteTape | None = None,  # records each MoE layer's experts
     ) -> torch.Tensor: ...
 
 
@@ -127,7 +129,8 @@ def decode_one_token(
     """One token for every slot row [B], all in one batch, all on the device."""
     tokens = state.token[rows].unsqueeze(1)  # [B, 1]
     positions = state.pos[rows].unsqueeze(1)  # [B, 1]
-    logits = model(tokens, positions, cache, rows)[:, 0]  # [B, V]
-    if cache.routes is not None:  # routing replay records each route
-        routes.store(cache.routes, rows, positions, ~state.done[rows])
+    tape = routes.recording(cache.routes)  # routing replay records each route
+    logits = model(tokens, positions, cache, rows, routes=tape)[:, 0]  # [B, V]
+    if tape is not None:
+        routes.store(cache.routes, tape, rows, positions, ~state.done[rows])
     sampler.take(state, rows, logits)

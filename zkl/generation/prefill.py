@@ -103,8 +103,9 @@ def _prefill_group(
         positions = (torch.tensor(starts).unsqueeze(1) + torch.arange(lo, hi)).clamp(max=end)
         positions = positions.to(device)
         index = torch.tensor([min(max(n - lo, 0), hi - lo - 1) for n in last], device=device)
-        logits = model(tokens[:, lo:hi], positions, cache, slots, logit_index=index)  # [B, V]
-        routes.store(cache.routes, slots, positions)
+        tape = routes.recording(cache.routes)
+        logits = model(tokens[:, lo:hi], positions, cache, slots, index, tape)  # [B, V]
+        routes.store(cache.routes, tape, slots, positions)
         if final_logits is None:
             final_logits = torch.empty_like(logits)
         ending = [i for i, n in enumerate(last) if lo <= n < hi]

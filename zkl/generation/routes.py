@@ -1,23 +1,20 @@
 """Routing replay (R3, arXiv 2510.11370): the experts each MoE layer chose, recorded on the gen
 path and replayed on the train path.
 
-A `RouteTape` is active around a forward (`taping`): each MoE layer, in call order, hands it
-its own top-k expert ids. Recording, the tape keeps them and the generator stores them per
-(slot, position) in its cache (`store`), so a completion carries a compact int8/int16
-[len(prompt) + len(response), layers, k] tensor, -1 where no route was computed (a prefix-cache
-hit, the last token). Replaying, the tape gives each layer the generator's ids for its tokens
-and counts how many of the trainer's own choices differed; the layer then weights the
-replayed experts by its own router's probabilities. This module sits below the models (they
+A `RouteTape` is handed to one forward (the model's `routes` argument, down to each MoE
+layer): each MoE layer, in call order, hands it its own top-k expert ids. Recording, the tape
+keeps them and the generator stores them per (slot, position) in its cache (`store`), so a
+completion carries a compact int8/int16 [len(prompt) + len(response), layers, k] tensor, -1
+where no route was computed (a prefix-cache hit, the last token). Replaying, the tape gives
+each layer the generator's ids for its tokens and counts how many of the trainer's own choices
+differed; the layer then weights the replayed experts by its own router's probabilities. A
+forward without a tape neither records nor replays. This module sits below the models (they
 import it), as the KV cache does.
 """
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
-
-from zkl.switch import Switch
 
 
 class RouteTape:
@@ -49,16 +46,9 @@ class RouteTape:
         return given if self.use else None
 
 
-_TAPE: Switch[RouteTape | None] = Switch("route_tape", None)
-
-
-def active() -> RouteTape | None:
-    return _TAPE.get()
-
-
-def taping(tape: RouteTape | None) -> contextlib.AbstractContextManager[RouteTape | None]:
-    """Inside the block, MoE layers record into / replay from `tape` (None: neither)."""
-    return _TAPE.scoped(tape)
+def recording(routes: torch.Tensor | None) -> RouteTape | None:
+    """A tape for a gen-path forward: one that records where the cache keeps `routes`."""
+    return None if routes is None else RouteTape()
 
 
 def route_dtype(num_experts: int) -> torch.dtype:
@@ -66,12 +56,17 @@ def route_dtype(num_experts: int) -> torch.dtype:
     return torch.int8 if num_experts <= 127 else torch.int16
 
 
-def store(routes: torch.Tensor | None, slots: torch.Tensor, positions: torch.Tensor, live=None):
-    """The ids the active tape recorded in this forward ([L] x [B*T, k]) into `routes`
+def store(
+    routes: torch.Tensor | None,
+    tape: RouteTape | None,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    live: torch.Tensor | None = None,
+) -> None:
+    """The ids `tape` recorded in one forward ([L] x [B*T, k]) into `routes`
     [slots, max_len, L, k] at rows `slots` [B], `positions` [B, T]; rows where `live` [B] is
     False keep theirs. Device ops only (the decode step stays capturable)."""
-    tape = _TAPE.get()
-    if routes is None or tape is None or tape.replay is not None:
+    if routes is None or tape is None:
         return
     taken, tape.recorded = tape.recorded, []
     batch, width = positions.shape

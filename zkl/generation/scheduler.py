@@ -156,8 +156,7 @@ class Scheduler:
         free = list(range(self.max_batch_size - 1, -1, -1))
         running: dict[int, Request] = {}
         done: dict[int, Completion] = {}
-        tape = routes.RouteTape() if self.record_routes else None
-        with weight_cache(self.quant_cache), routes.taping(tape):
+        with weight_cache(self.quant_cache):
             if self.decoder is not None:  # every slot is free here, as a capture needs
                 step = partial(decode_one_token, self.model, cache, state, sampler=sampler)
                 self.decoder.prepare(step, self._graph_key(sampler), self.device)

@@ -92,8 +92,11 @@ class MegatronLM(CausalLM):
         logits, _ = output_layer(x, weight=output_weight, runtime_gather_output=True)
         return logits
 
-    def logits(self, tokens, positions, cache, slots, logit_index) -> torch.Tensor:
-        """GPTModel's forward with the step's positions and cache set for its layers."""
+    def logits(self, tokens, positions, cache, slots, logit_index, routes=None) -> torch.Tensor:
+        """GPTModel's forward with the step's positions and cache set for its layers. Its MoE
+        slots take no route tape (`rl.routing_replay` is refused with megatron engines)."""
+        if routes is not None:
+            raise ValueError("megatron's MoE slots neither record nor replay routes")
         self.step.positions, self.step.cache, self.step.slots = positions, cache, slots
         try:
             return self.gpt(

@@ -7,6 +7,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from zkl.generation.kv_cache import KVCache
+from zkl.generation.routes import RouteTape
 from zkl.models.config import check_positions
 
 
@@ -34,22 +35,25 @@ class CausalLM(nn.Module):
         cache=None,
         slots: torch.Tensor | None = None,
         logit_index: torch.Tensor | None = None,
+        routes: RouteTape | None = None,
     ) -> torch.Tensor:
         """tokens, positions [B, T] -> logits [B, T, V] (or [B, V] at `logit_index` [B]).
 
         With `cache` (gen path), K/V of these tokens go to the cache rows `slots` [B] and
         attention reads every cached key of the row; without it (train path), the row's
-        own tokens are its keys and positions must be 0..T-1.
+        own tokens are its keys and positions must be 0..T-1. `routes`: this forward's route
+        tape, which its MoE layers record into or replay from (`zkl.generation.routes`).
         """
-        return self.logits(tokens, positions, cache, slots, logit_index)
+        return self.logits(tokens, positions, cache, slots, logit_index, routes)
 
     def check_positions(self, positions: int, needed_by: str) -> None:
         """ConfigError when `positions` pass the model's position limit: the engine asks the
         model, so the rule stays with the model's config and generation imports no model code."""
         check_positions(self.cfg, positions, needed_by)
 
-    def logits(self, tokens, positions, cache, slots, logit_index) -> torch.Tensor:
-        return self.lm_head(self.hidden_states(tokens, positions, cache, slots, logit_index))
+    def logits(self, tokens, positions, cache, slots, logit_index, routes) -> torch.Tensor:
+        hidden = self.hidden_states(tokens, positions, cache, slots, logit_index, routes)
+        return self.lm_head(hidden)
 
     def run_layer(self, layer: nn.Module, *args):
         """`layer(*args)`, its activations remade in the backward where `checkpoint_layers`

@@ -62,7 +62,7 @@ class MoE(SparseMoE):
         """x [N, H] -> (expert ids [N, k], fp32 weights [N, k]) (`moe.top_k_softmax_route`)."""
         return top_k_softmax_route(x, self.gate.weight, self.gate.bias, self.top_k, fixed)
 
-    def replayed(self, x, top_i, top_w, fixed) -> tuple[torch.Tensor, torch.Tensor]:
+    def replayed(self, x, top_i, top_w, fixed, routes) -> tuple[torch.Tensor, torch.Tensor]:
         """gpt-oss replays no routes (the registry gives it no `route_replay`): its own stands."""
         return top_i, top_w
 

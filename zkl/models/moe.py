@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from zkl import ops
-from zkl.generation import routes
+from zkl.generation.routes import RouteTape
 from zkl.invariance import is_enabled
 from zkl.precision.recipes import quantizes
 
@@ -67,13 +67,13 @@ def taped_route(
     top_w: torch.Tensor,
     norm_topk_prob: bool,
     fixed: bool,
+    tape: RouteTape | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The layer's own route (top_i, top_w [N, k]) as the active route tape has it
+    """The layer's own route (top_i, top_w [N, k]) as the forward's route tape has it
     (`zkl.generation.routes`): recorded and returned unchanged, or replayed: the tape's expert
     ids (own ones where it has none) weighted by this router's probabilities of them,
     renormalised as the router renormalises (R3: the gate stays differentiable, the choice is
     the generator's). No tape: unchanged."""
-    tape = routes.active()
     if tape is None:
         return top_i, top_w
     given = tape.visit(top_i)
@@ -212,10 +212,15 @@ class SparseMoE(nn.Module):
         raise NotImplementedError
 
     def replayed(
-        self, x: torch.Tensor, top_i: torch.Tensor, top_w: torch.Tensor, fixed: bool
+        self,
+        x: torch.Tensor,
+        top_i: torch.Tensor,
+        top_w: torch.Tensor,
+        fixed: bool,
+        routes: RouteTape | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The route as the active route tape has it (routing replay, `taped_route`)."""
-        return taped_route(x, self.gate.weight, top_i, top_w, self.norm_topk_prob, fixed)
+        """The route as the forward's tape `routes` has it (routing replay, `taped_route`)."""
+        return taped_route(x, self.gate.weight, top_i, top_w, self.norm_topk_prob, fixed, routes)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N, H] -> (expert ids [N, k], fp32 weights [N, k]) under the fixes on."""
@@ -228,14 +233,20 @@ class SparseMoE(nn.Module):
         group sizes."""
         return quantizes(self.experts[0])
 
-    def forward(self, x: torch.Tensor, expert_order: list[int] | None = None) -> torch.Tensor:
-        """x [..., H] -> [..., H]; `expert_order` (tests only) adds the groups in another
-        order, as GPU atomics may."""
+    def forward(
+        self,
+        x: torch.Tensor,
+        expert_order: list[int] | None = None,
+        routes: RouteTape | None = None,
+    ) -> torch.Tensor:
+        """x [..., H] -> [..., H]; `routes` the forward's route tape (records or replays this
+        layer's experts); `expert_order` (tests only) adds the groups in another order, as
+        GPU atomics may."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])  # [N, H]
         fixed = fixed_order()
         top_i, top_w = self.choose_experts(x, fixed)
-        top_i, top_w = self.replayed(x, top_i, top_w, fixed)
+        top_i, top_w = self.replayed(x, top_i, top_w, fixed, routes)
         if self.runs_one_call_per_expert:
             out = run_experts(x, top_i, top_w, list(self.experts), fixed, expert_order)
             return out.reshape(shape)

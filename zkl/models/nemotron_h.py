@@ -93,8 +93,8 @@ class HybridMoE(SparseMoE):
         down = [e.down_proj.weight for e in self.experts]
         return ops.grouped_linear(torch.relu(up).square(), down, offsets)
 
-    def forward(self, x: torch.Tensor, expert_order: list[int] | None = None) -> torch.Tensor:
-        return super().forward(x, expert_order) + self.shared_experts(x)
+    def forward(self, x: torch.Tensor, expert_order=None, routes=None) -> torch.Tensor:
+        return super().forward(x, expert_order, routes) + self.shared_experts(x)
 
 
 class HybridLayer(nn.Module):
@@ -111,12 +111,15 @@ class HybridLayer(nn.Module):
         else:
             self.mixer = ReluSquaredMLP(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, x, positions, cache=None, slots=None) -> torch.Tensor:
+    def forward(self, x, positions, cache=None, slots=None, routes=None) -> torch.Tensor:
+        """`routes`: the forward's route tape, for an MoE layer (`zkl.generation.routes`)."""
         h = self.norm(x)
         if self.kind == "mamba":
             return x + self.mixer(h, positions, cache, slots)
         if self.kind == "attention":
             return x + self.mixer(h, positions, None, cache, slots)
+        if self.kind == "moe":
+            return x + self.mixer(h, routes=routes)
         return x + self.mixer(h)
 
 
@@ -140,11 +143,13 @@ class NemotronH(CausalLM):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def hidden_states(self, tokens, positions, cache=None, slots=None, logit_index=None):
+    def hidden_states(
+        self, tokens, positions, cache=None, slots=None, logit_index=None, routes=None
+    ):
         """As `Transformer.hidden_states`."""
         x = self.embed_tokens(tokens)
         for layer in self.layers:
-            x = self.run_layer(layer, x, positions, cache, slots)
+            x = self.run_layer(layer, x, positions, cache, slots, routes)
         if logit_index is not None:
             x = x[torch.arange(x.shape[0], device=x.device), logit_index]
         return self.norm(x)

@@ -212,12 +212,15 @@ class Block(nn.Module):
             return Qwen3MoE(cfg)
         return MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
 
-    def forward(self, x, delta, positions, rope, cache=None, slots=None):
+    def forward(self, x, delta, positions, rope, cache=None, slots=None, routes=None):
         """(residual stream x, the last sub-layer's output `delta` not yet added to it) -> the
-        pair one layer on: each add runs fused with the norm after it."""
+        pair one layer on: each add runs fused with the norm after it. `routes`: the
+        forward's route tape, for an MoE layer (`zkl.generation.routes`)."""
         x, h = self.input_layernorm.add_forward(x, delta)
         delta = self.self_attn(h, positions, rope, cache, slots)
         x, h = self.post_attention_layernorm.add_forward(x, delta)
+        if isinstance(self.mlp, SparseMoE):
+            return x, self.mlp(h, routes=routes)
         return x, self.mlp(h)
 
 
@@ -239,14 +242,16 @@ class Transformer(CausalLM):
             self.lm_head.weight = self.embed_tokens.weight
         self.rope = self.rope_class(cfg)
 
-    def hidden_states(self, tokens, positions, cache=None, slots=None, logit_index=None):
+    def hidden_states(
+        self, tokens, positions, cache=None, slots=None, logit_index=None, routes=None
+    ):
         """The final norm's output [B, T, hidden] (or [B, hidden] at `logit_index`): what
         `lm_head` reads, so the train path can take the logits a chunk of tokens at a time."""
         if cache is None:  # the scheduler checks its requests before the gen path's forwards
             check_positions(self.cfg, tokens.shape[1], "of a scored sequence")
         x, delta = self.embed_tokens(tokens), None
         for block in self.layers:
-            x, delta = self.run_layer(block, x, delta, positions, self.rope, cache, slots)
+            x, delta = self.run_layer(block, x, delta, positions, self.rope, cache, slots, routes)
         if logit_index is not None:
             picked = (torch.arange(x.shape[0], device=x.device), logit_index)
             x, delta = x[picked], None if delta is None else delta[picked]

@@ -19,7 +19,6 @@ import torch.distributed as dist
 from zkl.backends import build_backend_model
 from zkl.device import resolve_device
 from zkl.distributed import ranks
-from zkl.generation.routes import taping
 from zkl.models.hf_weights_check import warn_random_weights
 from zkl.precision.fp16 import DynamicLossScaler
 from zkl.precision.recipes import DTYPES
@@ -173,8 +172,8 @@ class Policy(abc.ABC):
         assert self.loss_fn is not None, "a policy built without a loss_fn only scores"
         lo, hi, num_tokens = self._share(batch, lo, hi)
         tokens, mask, old, temps, advantages = minibatch(batch, lo, hi, self.device)
-        with taping(replay_tape(batch.routes, lo, hi, tokens.shape[1])):
-            logprobs = sequence_logprobs(self.model, tokens, temps)
+        tape = replay_tape(batch.routes, lo, hi, tokens.shape[1])
+        logprobs = sequence_logprobs(self.model, tokens, temps, tape)
         ref = None
         if self.reference is not None:
             with torch.no_grad():

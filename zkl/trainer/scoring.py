@@ -6,7 +6,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from zkl import ops
-from zkl.generation.routes import RouteTape, replay_batch, taping
+from zkl.generation.routes import RouteTape, replay_batch
 from zkl.memory import LOGIT_TOKENS
 from zkl.models.causal_lm import CausalLM
 
@@ -32,9 +32,13 @@ def _chunk_logprobs(lm_head, hidden, targets, temperature) -> torch.Tensor:
 
 
 def sequence_logprobs(
-    model: CausalLM, tokens: torch.Tensor, temperature: float | torch.Tensor = 1.0
+    model: CausalLM,
+    tokens: torch.Tensor,
+    temperature: float | torch.Tensor = 1.0,
+    routes: RouteTape | None = None,
 ) -> torch.Tensor:
-    """fp32 logprob [B, T-1] of tokens[:, 1:] under the model (differentiable).
+    """fp32 logprob [B, T-1] of tokens[:, 1:] under the model (differentiable); `routes`
+    the tape its MoE layers replay the generator's routes from (`replay_tape`).
 
     The logits are made about LOGIT_TOKENS tokens at a time and, with gradients, remade in
     the backward (activation checkpointing), so a long micro-batch never holds [B, T, V]:
@@ -47,8 +51,9 @@ def sequence_logprobs(
         temperature = temperature.reshape(-1, 1, 1)
     targets = tokens[:, 1:]
     if not model.chunked_head:  # megatron's GPTModel: its own logits
-        return ops.token_logprobs(model(tokens, positions)[:, :-1], targets, temperature)
-    hidden = model.hidden_states(tokens, positions)[:, :-1]  # [B, T-1, hidden]
+        logits = model(tokens, positions, routes=routes)[:, :-1]
+        return ops.token_logprobs(logits, targets, temperature)
+    hidden = model.hidden_states(tokens, positions, routes=routes)[:, :-1]  # [B, T-1, hidden]
     width = max(1, LOGIT_TOKENS // tokens.shape[0])
     grad = torch.is_grad_enabled() and hidden.requires_grad
     parts = []
@@ -85,8 +90,8 @@ def score(
         p, r = prompts[lo : lo + size], responses[lo : lo + size]
         tokens, mask = pad_sequences(p, r)
         temps = torch.tensor(temperatures[lo : lo + size], device=device) if temperatures else 1.0
-        with taping(replay_tape(routes, lo, lo + size, tokens.shape[1])):
-            logp = sequence_logprobs(model, tokens.to(device), temps).cpu()
+        tape = replay_tape(routes, lo, lo + size, tokens.shape[1])
+        logp = sequence_logprobs(model, tokens.to(device), temps, tape).cpu()
         for i in range(len(p)):
             out.append(logp[i][mask[i, :-1]])
     return out
@@ -109,9 +114,8 @@ def route_mismatch(
     of (token, MoE layer) decisions and of tokens (any layer) with another expert set."""
     tokens, _ = pad_sequences(prompts, responses)
     tape = RouteTape(replay_batch(routes, tokens.shape[1]), use=False)
-    with taping(tape):
-        positions = torch.arange(tokens.shape[1], device=device).expand(tokens.shape)
-        model.hidden_states(tokens.to(device), positions)
+    positions = torch.arange(tokens.shape[1], device=device).expand(tokens.shape)
+    model.hidden_states(tokens.to(device), positions, routes=tape)
     known = int((tape.replay[0][:, 0] >= 0).sum())
     return {
         "routing/decision_mismatch_frac": int(tape.differing) / max(tape.decisions, 1),

@@ -14,7 +14,7 @@ from zkl.rl.config import CORRECTION_MODES, CorrectionConfig
 from zkl.rl.correction import correction_weights, diagnostics, sequence_weights
 from zkl.rl.loss import clipped_pg_loss
 from zkl.run.validate import validate
-from zkl.trainer.update import spread
+from zkl.trainer.batch import spread
 
 # two responses; log ratios lp_old - lp_beh chosen so each band cuts somewhere
 LOG_RHO = [[0.0, math.log(3.0), math.log(0.25)], [math.log(1.5), math.log(1.2)]]

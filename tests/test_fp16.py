@@ -40,8 +40,8 @@ def test_an_overflowing_update_is_skipped_and_the_weights_stay(tmp_path):
     """A loss scale of 2^100 overflows fp16 gradients: no weight moves, the scale halves."""
     from zkl import invariance
     from zkl.rl.loss import grpo_loss
+    from zkl.trainer.batch import UpdateBatch
     from zkl.trainer.build import build_policy
-    from zkl.trainer.update import UpdateBatch
 
     cfg = make_cfg("+precision=fp16")
     with invariance.enabled(invariance.from_config(cfg)):

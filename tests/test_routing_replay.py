@@ -17,9 +17,9 @@ from zkl.generation.sampling import SamplingParams
 from zkl.generation.scheduler import Request, Scheduler
 from zkl.rl.loss import grpo_loss
 from zkl.run.validate import validate
+from zkl.trainer.batch import UpdateBatch
 from zkl.trainer.build import build_policy
 from zkl.trainer.scoring import route_mismatch, score
-from zkl.trainer.update import UpdateBatch
 
 ALL = invariance.FIXES
 
@@ -97,7 +97,8 @@ def test_forged_routes_steer_the_experts_and_the_gate_stays_differentiable():
         own = score(model, prompts, responses)
         moved = score(model, prompts, responses, routes=forged)
         assert not all(torch.equal(a, b) for a, b in zip(own, moved))
-        from zkl.trainer.scoring import pad_sequences, sequence_logprobs
+        from zkl.trainer.batch import pad_sequences
+        from zkl.trainer.scoring import sequence_logprobs
 
         tokens, _ = pad_sequences(prompts, responses)
         trained = copy.deepcopy(model)

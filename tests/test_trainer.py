@@ -9,9 +9,9 @@ from conftest import SMALL, make_cfg
 from zkl import invariance
 from zkl.rl.loop import run
 from zkl.rl.loss import grpo_loss
+from zkl.trainer.batch import UpdateBatch
 from zkl.trainer.build import build_policy
 from zkl.trainer.local import LocalPolicy
-from zkl.trainer.update import UpdateBatch
 
 
 def test_a_step_asks_the_trainer_once_for_each_job(tmp_path, monkeypatch):

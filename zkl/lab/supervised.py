@@ -29,7 +29,7 @@ from zkl.models.hf_export import hf_config, save_checkpoint
 from zkl.rl.evaluate import answered_right
 from zkl.run.schema import ZklConfig
 from zkl.run.validate import validate
-from zkl.trainer.scoring import pad_sequences
+from zkl.trainer.batch import pad_sequences
 
 PROBLEM_SEED = 0x5F7  # added to `seed`: the warm start's problems are not a GRPO run's
 

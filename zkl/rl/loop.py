@@ -37,9 +37,9 @@ from zkl.state import checkpoint, run_lock
 from zkl.state import sharded as sharded_checkpoint
 from zkl.state.resume import prepare as prepare_resume
 from zkl.tracking.run_log import NullLog, RunLog, read_metrics
+from zkl.trainer.batch import UpdateBatch
 from zkl.trainer.build import build_policy
 from zkl.trainer.policy import Policy
-from zkl.trainer.update import UpdateBatch
 
 TIMING_PREFIXES = ("timing/", "perf/")
 

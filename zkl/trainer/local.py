@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 
 from zkl.distributed import ranks
+from zkl.trainer.batch import UpdateBatch
 from zkl.trainer.policy import Policy
-from zkl.trainer.update import LossFn, UpdateBatch
+from zkl.trainer.update import LossFn
 
 
 class InPlace:

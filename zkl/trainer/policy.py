@@ -22,15 +22,9 @@ from zkl.distributed import ranks
 from zkl.models.hf_weights_check import warn_random_weights
 from zkl.precision.fp16 import DynamicLossScaler
 from zkl.precision.recipes import DTYPES
-from zkl.trainer.scoring import replay_tape, route_mismatch, score, sequence_logprobs
-from zkl.trainer.update import (
-    LossFn,
-    UpdateBatch,
-    minibatch,
-    minibatch_edges,
-    minibatch_weights,
-    update_stats,
-)
+from zkl.trainer.batch import UpdateBatch, minibatch, minibatch_edges
+from zkl.trainer.scoring import route_mismatch, score, sequence_logprobs
+from zkl.trainer.update import LossFn, update_stats
 from zkl.trainer.weights import weight_digests
 
 
@@ -171,20 +165,18 @@ class Policy(abc.ABC):
         """The loss of this rank's share of minibatch lo..hi, and its stats."""
         assert self.loss_fn is not None, "a policy built without a loss_fn only scores"
         lo, hi, num_tokens = self._share(batch, lo, hi)
-        tokens, mask, old, temps, advantages = minibatch(batch, lo, hi, self.device)
-        tape = replay_tape(batch.routes, lo, hi, tokens.shape[1])
-        logprobs = sequence_logprobs(self.model, tokens, temps, tape)
+        mb = minibatch(batch, lo, hi, self.device)
+        logprobs = sequence_logprobs(self.model, mb.tokens, mb.temperatures, mb.routes)
         ref = None
         if self.reference is not None:
             with torch.no_grad():
-                ref = sequence_logprobs(self.reference, tokens, temps)
-        weights = minibatch_weights(batch, lo, hi, mask)
+                ref = sequence_logprobs(self.reference, mb.tokens, mb.temperatures)
         return self.loss_fn(
             logprobs,
-            old,
-            advantages,
-            mask,
+            mb.old_logprobs,
+            mb.advantages,
+            mb.mask,
             ref_logprobs=ref,
             num_tokens=num_tokens,
-            weights=weights,
+            weights=mb.weights,
         )

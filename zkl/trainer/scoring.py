@@ -9,22 +9,7 @@ from zkl import ops
 from zkl.generation.routes import RouteTape, replay_batch
 from zkl.memory import LOGIT_TOKENS
 from zkl.models.causal_lm import CausalLM
-
-
-def pad_sequences(
-    prompts: list[list[int]], responses: list[list[int]], pad_id: int = 0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded tokens [B, T] of prompt+response and a mask [B, T] of response targets.
-
-    mask[b, t] marks that position t predicts a response token (target tokens[b, t + 1]).
-    """
-    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
-    tokens = torch.full((len(prompts), max(lengths)), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(prompts), max(lengths), dtype=torch.bool)
-    for i, (p, r) in enumerate(zip(prompts, responses)):
-        tokens[i, : lengths[i]] = torch.tensor(p + r)
-        mask[i, len(p) - 1 : lengths[i] - 1] = True
-    return tokens, mask
+from zkl.trainer.batch import pad_sequences, replay_tape
 
 
 def _chunk_logprobs(lm_head, hidden, targets, temperature) -> torch.Tensor:
@@ -95,11 +80,6 @@ def score(
         for i in range(len(p)):
             out.append(logp[i][mask[i, :-1]])
     return out
-
-
-def replay_tape(routes: list[torch.Tensor] | None, lo: int, hi: int, width: int):
-    """The tape replaying sequences lo..hi's routes in a batch `width` wide (None: no replay)."""
-    return None if routes is None else RouteTape(replay_batch(routes[lo:hi], width))
 
 
 @torch.no_grad()

@@ -8,8 +8,9 @@ import torch
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from zkl.distributed import fsdp, ranks
+from zkl.trainer.batch import UpdateBatch
 from zkl.trainer.policy import Policy
-from zkl.trainer.update import LossFn, UpdateBatch
+from zkl.trainer.update import LossFn
 from zkl.trainer.weights import GatheredWeights
 
 

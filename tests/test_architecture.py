@@ -284,6 +284,25 @@ def test_no_module_rebinds_a_global():
     assert found == []
 
 
+def test_each_fix_outside_the_op_table_is_read_at_one_site():
+    """docs/design.md section 3: a fix the op table does not hold is decided where it happens,
+    at one site; the table's own fixes are read only through it (`ops.dispatch`,
+    `ops.runs_invariant`), megatron's slots included."""
+    sites = defaultdict(list)
+    for name, path in MODULES.items():
+        if name.startswith("zkl.ops") or name == "zkl.invariance":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            call = isinstance(node, ast.Call) and getattr(node.func, "id", None) == "is_enabled"
+            if call and node.args and isinstance(node.args[0], ast.Constant):
+                sites[node.args[0].value].append(f"{name}:{node.lineno}")
+    from zkl.ops import TABLE
+
+    assert not {op.fix for op in TABLE.values()} & set(sites), dict(sites)
+    assert {fix: where for fix, where in sites.items() if len(where) > 1} == {}
+    assert len(sites) >= 5, dict(sites)  # the rule sees the sites it checks
+
+
 # docs/design.md section 3: the Triton kernels launched with contraction allowed, none of them
 # with a multiply that feeds an add outside `tl.dot`
 CONTRACTION_FREE = {

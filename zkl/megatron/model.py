@@ -24,7 +24,6 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from zkl import ops
-from zkl.invariance import is_enabled
 from zkl.loopback import loopback_only
 from zkl.megatron.mapping import gpt_model_kwargs, to_megatron, transformer_config_kwargs
 from zkl.megatron.spec import Step, block_spec
@@ -86,7 +85,7 @@ class MegatronLM(CausalLM):
         x = hidden_states.transpose(0, 1)  # [B, T, H]
         if context is not None:  # logit_index [B]
             x = x[torch.arange(x.shape[0], device=x.device), context]
-        if is_enabled("batch_invariant_gemm"):
+        if ops.runs_invariant("linear"):
             weight = output_layer.weight if output_weight is None else output_weight
             return ops.linear(x, weight, None)
         logits, _ = output_layer(x, weight=output_weight, runtime_gather_output=True)

@@ -34,9 +34,8 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
 from zkl import ops
-from zkl.invariance import is_enabled
 from zkl.models.config import ModelConfig
-from zkl.models.moe import fixed_route, run_experts
+from zkl.models.moe import fixed_order, fixed_route, run_experts
 from zkl.ops import fast
 
 
@@ -71,7 +70,7 @@ class ZklRMSNorm(torch.nn.Module):
         self.config = config
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if is_enabled("batch_invariant_reductions"):
+        if ops.runs_invariant("rms_norm"):
             return ops.rms_norm(x, self.weight, self.eps)
         return F.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), self.eps)
 
@@ -90,14 +89,14 @@ def _zkl_linear(module, x: torch.Tensor, weight: torch.Tensor | None):
 
 class ZklColumnParallelLinear(ColumnParallelLinear):
     def forward(self, input_, weight=None, runtime_gather_output=None):
-        if is_enabled("batch_invariant_gemm"):
+        if ops.runs_invariant("linear"):
             return _zkl_linear(self, input_, weight)
         return super().forward(input_, weight, runtime_gather_output)
 
 
 class ZklRowParallelLinear(RowParallelLinear):
     def forward(self, input_):
-        if is_enabled("batch_invariant_gemm"):
+        if ops.runs_invariant("linear"):
             return _zkl_linear(self, input_, None)
         return super().forward(input_)
 
@@ -111,7 +110,7 @@ def zkl_linear_class(base: type) -> type:
     fused_norm = "LayerNorm" in base.__name__
 
     def forward(self, input_, *args, **kwargs):
-        if not is_enabled("batch_invariant_gemm"):
+        if not ops.runs_invariant("linear"):
             return base.forward(self, input_, *args, **kwargs)
         if fused_norm:
             input_ = ops.rms_norm(input_, self.layer_norm_weight, self.config.layernorm_epsilon)
@@ -154,7 +153,7 @@ class ZklCoreAttention(DotProductAttention):
             kv_rows = step.slots
         # A graph's step cannot read positions back, which megatron's own attention needs:
         # there the default path runs zkl's (flash-decoding on CUDA) instead.
-        if is_enabled("attention_fixed_split") or fast.shapes_are_static(q.device):
+        if ops.runs_invariant("attention") or fast.shapes_are_static(q.device):
             out = ops.attention(q, k, v, positions, kv_rows)  # [B, H, T, D]
             return out.permute(2, 0, 1, 3).reshape(q.shape[2], q.shape[0], -1)
         if kv_rows is not None:
@@ -179,7 +178,7 @@ class ZklMoELayer(MoELayer):
     megatron experts' own modules; off: megatron's router, dispatcher and unpermute."""
 
     def forward(self, hidden_states, *args, **kwargs):
-        if not is_enabled("moe_combine_order"):
+        if not fixed_order():
             return super().forward(hidden_states, *args, **kwargs)
         experts = getattr(self.experts, "local_experts", None)
         if experts is None:

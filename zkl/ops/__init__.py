@@ -177,8 +177,15 @@ def dispatch(op: str, cuda: bool) -> Callable:
     The wrappers below pass `tensor.is_cuda`: reading `tensor.device` would cost each call a
     device object.
     """
-    entry = TABLE[op]
-    return entry.form(cuda, entry.fix is not None and is_enabled(entry.fix))
+    return TABLE[op].form(cuda, runs_invariant(op))
+
+
+def runs_invariant(op: str) -> bool:
+    """Whether `op` takes its invariant form now: its fix is on. A framework's slot whose fast
+    form is the framework's own module (megatron's linears, norm and attention) asks this,
+    so its choice is the table's rule too."""
+    fix = TABLE[op].fix
+    return fix is not None and is_enabled(fix)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -5,7 +5,7 @@ modes and precisions: the train/gen mismatch of every step, which zero mode keep
 
 Each family's checkpoint is written by transformers' `save_pretrained`
 (scripts/make_hf_checkpoint.py, tiny shape, its family's features on) with a BPE tokenizer
-trained on tests/data/arith_train.jsonl. The runs pass the checkpoint and the matrix's
+trained on tests/testdata/arith_train.jsonl. The runs pass the checkpoint and the matrix's
 groups and nothing else, so they use the default `add` task, whose shaped reward varies
 inside a group even for a random model: every step's update changes the weights. One
 markdown row a run: the largest `max_abs_logprob_diff` and `gen_kl_error` over the steps and
@@ -20,7 +20,7 @@ import itertools
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO / "tests" / "data"
+DATA = REPO / "tests" / "testdata"
 # (layout, kv, precision): all 8, each next one as unlike the runs before it as can be
 MATRIX = [
     ("colocated", "recompute", "bf16"),

@@ -52,7 +52,7 @@ default)
   cert /tmp/d30 $BIG $M30 "cert.models=[qwen3_30b_a3b]" zero_train_gen_mismatch=false
   ;;
 dedicated)
-  timeout 90 python3 -m pytest -m gpu -q -rfE tests/test_gpu.py -k dedicated 2>&1 | tail -5
+  timeout 90 python3 -m pytest -m gpu -q -rfE tests/ops/test_gpu.py -k dedicated 2>&1 | tail -5
   cert /tmp/ded15 $BIG $M15 "cert.models=[qwen2_5_1_5b]" "cert.layouts=[dedicated]"
   cert /tmp/ded15_10 $BIG $M15 "cert.models=[qwen2_5_1_5b]" "cert.layouts=[dedicated]" cert.steps=10
   ;;
@@ -74,7 +74,7 @@ compare)
   ;;
 nccl)
   nvidia-smi -L
-  log pytest; timeout 240 python3 -m pytest -m gpu -q -rfE tests/test_multi_gpu.py 2>&1 | tail -20
+  log pytest; timeout 240 python3 -m pytest -m gpu -q -rfE tests/layouts/test_multi_gpu.py 2>&1 | tail -20
   N="+layout=dedicated layout.backend=nccl device=cuda:0 $M15 cert.models=[qwen2_5_1_5b]"
   cert /tmp/n15 $BIG $N $ALL cert.steps=10
   cert /tmp/n15d $BIG $N cert.steps=2 zero_train_gen_mismatch=false

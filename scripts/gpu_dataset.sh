@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # A dataset run on one GPU: a transformers-written checkpoint of the Qwen2.5-1.5B shape (random
 # weights, written by save_pretrained in shards with an index) and its own BPE tokenizer,
-# a dataset task (tests/data arithmetic word problems, chat template on), 10 GRPO steps on
+# a dataset task (tests/testdata arithmetic word problems, chat template on), 10 GRPO steps on
 # device=cuda, no model group named: every step must be exactly zero and val/accuracy logged.
-# The reward is tests/user_rewards.py's ShapedMathTask (a user task class): 1.0 for the right
+# The reward is tests/helpers/user_rewards.py's ShapedMathTask (a user task class): 1.0 for the right
 # answer, else a share of ids in a residue class, so a random-weight model's rewards differ
 # inside a group and every step really changes the weights the next rollout uses.
 #   bash scripts/gpu_dataset.sh                # logs and the run directory under $OUT
@@ -11,7 +11,7 @@
 # submitit, hydra-submitit-launcher, safetensors, tqdm, tokenizers, datasets (with pyarrow,
 # pandas, dill, multiprocess, xxhash, fsspec, huggingface-hub), math-verify (with
 # latex2sympy2_extended, sympy). wandb is not imported (tracking.wandb.mode=disabled).
-# The CPU equivalent (tests/test_dataset_task.py::test_the_gpu_script_on_the_cpu):
+# The CPU equivalent (tests/data/test_dataset_task.py::test_the_gpu_script_on_the_cpu):
 #   SHAPE=tiny DEVICE=cpu STEPS=2 OUT=/tmp/x bash scripts/gpu_dataset.sh
 # EXTRA="key=value ..." appends overrides to the run; SHARD sets the shard size (default 1GB).
 set -euo pipefail
@@ -21,7 +21,7 @@ SHAPE=${SHAPE:-qwen2_5_1_5b}
 DEVICE=${DEVICE:-cuda}
 STEPS=${STEPS:-10}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export PYTHONPATH=$PWD:$PWD/tests/helpers${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 log() { echo "=== $(date +%T) $*" | tee -a "$OUT/gpu_dataset_run.log"; }
 
@@ -32,7 +32,7 @@ print('torch', torch.__version__, 'transformers', transformers.__version__, \
 CKPT=$OUT/ckpt_$SHAPE
 log "checkpoint $CKPT ($SHAPE, qwen2)"
 python3 scripts/make_hf_checkpoint.py "$CKPT" --shape "$SHAPE" --family qwen2 --device "$DEVICE" \
-  --corpus tests/data/arith_train.jsonl --tokenizer-vocab 512 --max-shard-size "${SHARD:-1GB}" \
+  --corpus tests/testdata/arith_train.jsonl --tokenizer-vocab 512 --max-shard-size "${SHARD:-1GB}" \
   2>&1 | tail -2 | tee -a "$OUT/gpu_dataset_run.log"
 ls -la "$CKPT" | tee -a "$OUT/gpu_dataset_run.log"
 
@@ -40,7 +40,7 @@ RUN=$OUT/run_$SHAPE
 rm -rf "$RUN"
 log "python -m zkl model.checkpoint=$CKPT task=dataset ($STEPS steps, device=$DEVICE)"
 timeout 900 python3 -m zkl model.checkpoint="$CKPT" task=dataset \
-  task.path=tests/data/arith_train.jsonl task.val_path=tests/data/arith_val.jsonl \
+  task.path=tests/testdata/arith_train.jsonl task.val_path=tests/testdata/arith_val.jsonl \
   task.prompt_key=question task.chat_template=true task._target_=user_rewards:ShapedMathTask \
   rl.steps="$STEPS" rl.val_every=5 rl.lr=1e-4 sampling.max_new_tokens=16 engine.max_batch_size=64 checkpoint.save=false \
   device="$DEVICE" tracking.wandb.mode=disabled tracking.progress=false \

@@ -46,7 +46,7 @@ for name in $FAMILIES; do
 done
 if [[ " $STAGES " == *" tests "* ]]; then
   timeout "${TESTS_S:-300}" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
-    ${TESTS:-tests/test_gpu_families.py tests/test_sinks.py tests/test_window_attention.py} \
+    ${TESTS:-tests/models/test_gpu_families.py tests/ops/test_sinks.py tests/ops/test_window_attention.py} \
     > "$OUT/pytest_families.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_families.log"
 fi

@@ -65,7 +65,7 @@ PY
 multi)
   GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
   nvidia-smi --query-gpu=name,memory.total --format=csv
-  log pytest; timeout 600 python3 -m pytest -m gpu -q -rfE tests/test_fsdp_gpu.py 2>&1 | tail -30
+  log pytest; timeout 600 python3 -m pytest -m gpu -q -rfE tests/distributed/test_fsdp_gpu.py 2>&1 | tail -30
   zkl /tmp/m_ws1 $BIG rl.steps=10 tracking.dump_tokens=all
   dirs=(/tmp/m_ws1)
   for n in 2 4 8; do

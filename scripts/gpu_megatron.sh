@@ -28,7 +28,7 @@ step cert_default_step0 45 python3 -m zkl.cert $Q $M $BEDS zero_train_gen_mismat
 step cert_zero_10 60 python3 -m zkl.cert $Q $M $BEDS cert.steps=10 hydra.run.dir="$OUT/cert_zero_10"
 step peer 45 python3 scripts/megatron_peer.py
 step cert_dedicated_10 150 python3 -m zkl.cert $Q $M $BEDS "cert.layouts=[dedicated]" cert.steps=10 hydra.run.dir="$OUT/cert_dedicated_10"
-step pytest 90 python3 -m pytest -m gpu -q -rfE tests/test_megatron.py tests/test_megatron_gpu.py
+step pytest 90 python3 -m pytest -m gpu -q -rfE tests/megatron/test_megatron.py tests/megatron/test_megatron_gpu.py
 # the experiment entry point: default vs zero mode, MoE, 3 steps (metrics.jsonl per run)
 step zkl_moe_default 30 python3 -m zkl $Q $M model=tiny_moe rl.steps=3 zero_train_gen_mismatch=false hydra.run.dir="$OUT/zkl_moe_default"
 step zkl_moe_zero 30 python3 -m zkl $Q $M model=tiny_moe rl.steps=3 hydra.run.dir="$OUT/zkl_moe_zero"

@@ -1,7 +1,7 @@
 """Write a transformers checkpoint with random weights and a BPE tokenizer trained on text.
 
     python scripts/make_hf_checkpoint.py OUT_DIR --shape tiny \
-        --family qwen2|qwen3|llama|mistral|gpt_oss --corpus tests/data/arith_train.jsonl \
+        --family qwen2|qwen3|llama|mistral|gpt_oss --corpus tests/testdata/arith_train.jsonl \
         [--max-shard-size 200KB]
 
 The model is written by transformers' own `save_pretrained` (config.json, safetensors,

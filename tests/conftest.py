@@ -33,7 +33,9 @@ if INTERPRETED and importlib.util.find_spec("triton"):
 # The report's page needs plotly (a dependency); the bare GPU image that runs `-m gpu` may
 # lack it, and a module that cannot import would stop the whole collection there
 # (tests/test_collection.py collects the GPU run with plotly hidden).
-REPORT_TESTS = sorted(p.name for p in Path(__file__).parent.glob("test_report*.py"))
+REPORT_TESTS = sorted(
+    f"report/{p.name}" for p in (Path(__file__).parent / "report").glob("test_report*.py")
+)
 collect_ignore = [] if importlib.util.find_spec("plotly") else REPORT_TESTS
 
 QUIET = ["tracking.wandb.mode=disabled", "tracking.progress=false"]

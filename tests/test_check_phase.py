@@ -22,8 +22,8 @@ from zkl.precision.config import PrecisionConfig
 from zkl.precision.config import check as check_precision
 
 REPO = Path(__file__).resolve().parent.parent
-PROBE = REPO / "tests" / "torch_probe.py"
-TRAIN = REPO / "tests" / "data" / "arith_train.jsonl"
+PROBE = REPO / "tests" / "helpers" / "torch_probe.py"
+TRAIN = REPO / "tests" / "testdata" / "arith_train.jsonl"
 MARK = "torch_probe: torch imported="
 
 

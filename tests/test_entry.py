@@ -29,8 +29,7 @@ def test_python_m_zkl_writes_zero_metrics(tmp_path):
 
 
 def test_bench_measures_both_modes(tmp_path):
-    from conftest import SMALL, bench_cfg
-
+    from tests.conftest import SMALL, bench_cfg
     from zkl.lab.bench import run_bench
 
     result = run_bench(bench_cfg(*SMALL), tmp_path)

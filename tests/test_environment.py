@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import make_cfg
 
+from tests.conftest import make_cfg
 from zkl import environment
 from zkl.errors import ConfigError
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SMALL, make_cfg
 
+from tests.conftest import SMALL, make_cfg
 from zkl.errors import RunFault
 from zkl.layouts.dedicated import STDERR_FILE
 from zkl.state.config import CHECKPOINT_FILE
@@ -34,7 +34,7 @@ FAST = ["rl.prompts_per_step=2", "rl.samples_per_prompt=2"]
 
 
 def start(args: list[str], run_dir: Path, stderr=subprocess.PIPE) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests' / 'helpers'}"}
     cmd = [sys.executable, "-m", "zkl", *QUIET, *FAST, *args, f"hydra.run.dir={run_dir}"]
     return subprocess.Popen(
         cmd,
@@ -107,7 +107,7 @@ def test_generator_killed_at_start_up_is_reported_in_seconds(tmp_path):
 
 def test_generator_dying_in_the_rendezvous_names_its_exit_code(tmp_path):
     """The trainer is inside init_process_group when the child exits with code 3."""
-    script = [sys.executable, str(REPO / "tests" / "fault_workers.py")]
+    script = [sys.executable, str(REPO / "tests" / "helpers" / "fault_workers.py")]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = subprocess.run(
         [*script, "exit_during_rendezvous", str(tmp_path)], env=env, capture_output=True, text=True

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import cert_cfg, make_cfg
 
+from tests.conftest import cert_cfg, make_cfg
 from zkl import memory
 from zkl.errors import ConfigError
 from zkl.run.schema import ZklConfig
@@ -23,7 +23,7 @@ from zkl.run.validate import default_positions, validate
 from zkl.run.values import INT_MAX, leaves
 
 REPO = Path(__file__).resolve().parent.parent
-RUNNER = REPO / "tests" / "entry_runner.py"
+RUNNER = REPO / "tests" / "helpers" / "entry_runner.py"
 HUGE = 10**13  # bytes: memory is never the limit in the cases that are about something else
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_cfg
 
+from tests.conftest import make_cfg
 from zkl.errors import ConfigError
 from zkl.models.build import build_model
 from zkl.models.config import AT_LEAST_ONE, ModelConfig

@@ -5,8 +5,8 @@ whose transient buffers never coexist."""
 from __future__ import annotations
 
 import pytest
-from conftest import make_cfg
 
+from tests.conftest import make_cfg
 from zkl import memory
 from zkl.errors import ConfigError
 

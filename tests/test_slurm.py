@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_cfg
 from html_tables import parse_tables
 
+from tests.conftest import make_cfg
 from zkl.report.tables import md_escape
 from zkl.rl.loop import TIMING_PREFIXES, run
 from zkl.state.config import CHECKPOINT_FILE

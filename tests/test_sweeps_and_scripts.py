@@ -121,8 +121,7 @@ def test_ablate_group_covers_every_fix():
 
 
 def test_recompute_metrics_script(tmp_path):
-    from conftest import make_cfg
-
+    from tests.conftest import make_cfg
     from zkl.rl.loop import run
 
     run(make_cfg("zero_train_gen_mismatch=false", "tracking.dump_tokens=all", *TINY), tmp_path)

@@ -4,8 +4,8 @@ says otherwise, torch's default on CUDA."""
 from __future__ import annotations
 
 import torch
-from conftest import SMALL, fake_gpus, make_cfg
 
+from tests.conftest import SMALL, fake_gpus, make_cfg
 from zkl.rl.loop import run
 from zkl.threads import run_threads
 

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import make_cfg
 from omegaconf import OmegaConf
 
+from tests.conftest import make_cfg
 from zkl import environment, invariance
 from zkl.errors import RunFault
 from zkl.run.keys import schema_keys
@@ -23,7 +23,7 @@ from zkl.state import checkpoint
 from zkl.state.requeue import submission_note
 
 REPO = Path(__file__).resolve().parent.parent
-RUNNER = Path(__file__).resolve().parent / "entry_runner.py"
+RUNNER = Path(__file__).resolve().parent / "helpers" / "entry_runner.py"
 MARK = "entry_runner: a model was built"
 FAST = ["rl.steps=1", "rl.prompts_per_step=2", "rl.samples_per_prompt=2", "tracking.progress=false"]
 

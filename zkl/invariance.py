@@ -41,32 +41,32 @@ register(
     "the GEMM kernel and its K-reduction order (split-K on a GPU) are chosen by the row count M",
     "CPU: every GEMM runs on fixed 16-row tiles; CUDA: one Triton tile config walking K in "
     "order; a row's result never depends on M",
-    "tests/test_ops.py::test_gemm_rows_independent_of_batch",
+    "tests/ops/test_ops.py::test_gemm_rows_independent_of_batch",
 )
 register(
     "batch_invariant_reductions",
     "norm / softmax-sum reductions may split a row differently by shape",
     "CPU: row sums are a fixed pairwise tree of elementwise adds; CUDA: one program per row",
-    "tests/test_ops.py::test_rms_norm_reduction_order",
+    "tests/ops/test_ops.py::test_rms_norm_reduction_order",
 )
 register(
     "attention_fixed_split",
     "decode attention (1 query vs the cache) reduces keys in another order than prefill",
     "KV goes to the cache first; one kernel walks keys in fixed blocks from position 0",
-    "tests/test_ops.py::test_attention_decode_equals_prefill",
+    "tests/ops/test_ops.py::test_attention_decode_equals_prefill",
 )
 register(
     "logprob_path",
     "the generator computes logprobs of the logits / temperature (unfiltered: top-k / top-p "
     "shape only the sampling) in the model dtype",
     "one shared fp32 log-softmax of raw logits / temperature for generator and trainer",
-    "tests/test_generation.py::test_logprob_path_fix",
+    "tests/generation/test_generation.py::test_logprob_path_fix",
 )
 register(
     "moe_combine_order",
     "expert outputs are added in dispatch order, in the activation dtype, with a bf16 router",
     "fp32 router, stable top-k tie-break, fp32 combine per token in top-k slot order",
-    "tests/test_ops.py::test_moe_combine_independent_of_dispatch_order",
+    "tests/ops/test_ops.py::test_moe_combine_independent_of_dispatch_order",
 )
 register(
     "mamba_chunked_decode",
@@ -74,26 +74,26 @@ register(
     "state cached in the model dtype",
     "decode re-runs the chunk-scan math over the buffered partial chunk from an fp32 "
     "chunk-boundary state, committing the state when the chunk fills",
-    "tests/test_mamba.py::test_mamba_chunked_decode_fix",
+    "tests/models/test_mamba.py::test_mamba_chunked_decode_fix",
 )
 register(
     "kv_invalidate_on_refit",
     "prefix-cache KV computed with old weights is reused after a refit",
     "cache entries carry the weight version; a lookup only hits the current version",
-    "tests/test_rl.py::test_stale_prefix_cache_after_refit",
+    "tests/rl/test_rl.py::test_stale_prefix_cache_after_refit",
 )
 register(
     "refit_exactness",
     "refit converts every tensor to the generator dtype (fp32 norms/router become bf16)",
     "refit copies exactly the tensors the trainer's forward used, bit for bit, all or nothing",
-    "tests/test_rl.py::test_refit_exactness",
+    "tests/rl/test_rl.py::test_refit_exactness",
 )
 
 register(
     "quantized_weight_refresh",
     "the generator's cached quantized weights keep their pre-refit values",
     "every refit drops the cache, so weights are re-quantized from the refitted values",
-    "tests/test_precision.py::test_stale_quantized_weights_after_refit",
+    "tests/precision/test_precision.py::test_stale_quantized_weights_after_refit",
 )
 
 # The `fixes` config group: one `fixes.<name>` key a registered fix, built from the registry

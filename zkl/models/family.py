@@ -26,7 +26,7 @@ files and one line in `zkl.models.registry`:
   "route_replay" (its MoE layers replay the generator's routes, `rl.routing_replay`).
 - `megatron`: whether `zkl.megatron` maps the family onto megatron-core.
 - `modules`: the family's own source files under `zkl/` (with the registry, the only files
-  that may name the family; tests/test_families.py greps for it).
+  that may name the family; tests/models/test_families.py greps for it).
 """
 
 from __future__ import annotations

@@ -1,0 +1,115 @@
+"""Routing replay (R3): the generator records each position's experts compactly; the
+trainer's scoring and update use them. Zero mode: bitwise unchanged with replay on (the
+routes are the generator's anyway); forged routes: the replay really steers the experts."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from tests.conftest import make_cfg, small_model
+from zkl import invariance
+from zkl.errors import ConfigError
+from zkl.generation.routes import RouteTape, replay_batch
+from zkl.generation.sampling import SamplingParams
+from zkl.generation.scheduler import Request, Scheduler
+from zkl.rl.loss import grpo_loss
+from zkl.run.validate import validate
+from zkl.trainer.batch import UpdateBatch
+from zkl.trainer.build import build_policy
+from zkl.trainer.scoring import route_mismatch, score
+
+ALL = invariance.FIXES
+
+
+def _requests(n: int = 5) -> list[Request]:
+    g = torch.Generator().manual_seed(2)
+    out = []
+    for i in range(n):
+        prompt = torch.randint(2, 60, (int(torch.randint(3, 10, (1,), generator=g)),), generator=g)
+        out.append(Request(i, prompt.tolist(), SamplingParams(max_new_tokens=5, seed=30 + i)))
+    return out
+
+
+def _generate(model, fixes=ALL, **kwargs):
+    with invariance.enabled(fixes):
+        scheduler = Scheduler(
+            model, eos_id=1, record_routes=True, **{"max_batch_size": 4, **kwargs}
+        )
+        return scheduler.generate(_requests())
+
+
+def test_routes_are_recorded_compactly_for_every_input_position():
+    model = small_model(moe=True)
+    done = _generate(model, max_batch_size=2, prefill_chunk=3)
+    layers, k = model.cfg.num_hidden_layers, model.cfg.num_experts_per_tok
+    for c in done:
+        assert c.routes.dtype == torch.int8
+        assert c.routes.shape == (len(c.prompt) + len(c.tokens), layers, k)
+        assert bool((c.routes[:-1] >= 0).all()) and bool((c.routes[-1] == -1).all())
+        assert bool((c.routes[:-1] < model.cfg.num_experts).all())
+    # the same routes whatever the schedule (zero mode: a route is a function of the prefix)
+    again = _generate(model, max_batch_size=5)
+    assert all(torch.equal(a.routes, b.routes) for a, b in zip(done, again))
+    # and they are the trainer's own choices: a compare-only tape finds no difference
+    prompts, responses = [c.prompt for c in done], [c.tokens for c in done]
+    with invariance.enabled(ALL):
+        got = route_mismatch(model, prompts, responses, [c.routes for c in done], "cpu")
+    assert got == {"routing/decision_mismatch_frac": 0.0, "routing/token_mismatch_frac": 0.0}
+
+
+@pytest.mark.slow  # two policies and a scheduler: tens of seconds on two busy cores
+def test_zero_mode_scoring_and_one_minibatch_update_are_bitwise_unchanged():
+    cfg = make_cfg("model=tiny_moe", "rl.routing_replay=true", "rl.num_minibatches=1")
+    with invariance.enabled(invariance.from_config(cfg)):
+        plain = build_policy(cfg, grpo_loss(cfg.rl))
+        replayed = build_policy(cfg, grpo_loss(cfg.rl))
+        done = _generate(replayed.model)
+        prompts, responses = [c.prompt for c in done], [c.tokens for c in done]
+        routes = [c.routes for c in done]
+        temps = [1.0] * len(done)
+        lp_plain = plain.score(prompts, responses, temps)
+        lp_replay = replayed.score(prompts, responses, temps, routes)
+        assert all(torch.equal(a, b) for a, b in zip(lp_plain, lp_replay))
+        assert all(torch.equal(a, c.logprobs) for a, c in zip(lp_plain, done))
+        adv = torch.linspace(-1, 1, len(done))
+        plain.update(UpdateBatch(prompts, responses, lp_plain, adv, temps))
+        replayed.update(UpdateBatch(prompts, responses, lp_replay, adv, temps, routes=routes))
+        a, b = plain.refit_state(), replayed.refit_state()
+    assert all(torch.equal(a[n], b[n]) for n in a)
+
+
+def test_forged_routes_steer_the_experts_and_the_gate_stays_differentiable():
+    """The contrast: routes other than the router's change the logprobs, and the update's
+    gradient still reaches the router (its probabilities weight the replayed experts)."""
+    model = small_model(moe=True)
+    done = _generate(model)
+    prompts, responses = [c.prompt for c in done], [c.tokens for c in done]
+    forged = []
+    for c in done:
+        r = c.routes.clone()
+        known = r >= 0
+        r[known] = (r[known] + 1) % model.cfg.num_experts  # every choice moved one expert on
+        forged.append(r)
+    with invariance.enabled(ALL):
+        own = score(model, prompts, responses)
+        moved = score(model, prompts, responses, routes=forged)
+        assert not all(torch.equal(a, b) for a, b in zip(own, moved))
+        from zkl.trainer.batch import pad_sequences
+        from zkl.trainer.scoring import sequence_logprobs
+
+        tokens, _ = pad_sequences(prompts, responses)
+        trained = copy.deepcopy(model)
+        tape = RouteTape(replay_batch(forged, tokens.shape[1]))
+        sequence_logprobs(trained, tokens, routes=tape).sum().backward()
+    gate = trained.layers[0].mlp.gate.weight.grad
+    assert gate is not None and bool(gate.abs().sum() > 0)
+
+
+def test_replay_on_a_dense_model_stops_in_one_sentence():
+    with pytest.raises(ConfigError, match=r"rl\.routing_replay=true .*dense"):
+        validate(make_cfg("rl.routing_replay=true"))
+    with pytest.raises(ConfigError, match=r"trainer\.world_size"):
+        validate(make_cfg("model=tiny_moe", "rl.routing_replay=true", "trainer.world_size=2"))

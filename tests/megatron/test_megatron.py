@@ -1,0 +1,210 @@
+"""Megatron engines on the CPU: the pure mapping and the fail-fast sentences (no megatron-core
+needed), and, where megatron-core is installed (Python >= 3.12), the model built from it."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import make_cfg
+from zkl import invariance
+from zkl.errors import ConfigError
+from zkl.megatron.check import engine_problem
+from zkl.megatron.mapping import (
+    ENGINES,
+    from_megatron,
+    gpt_model_kwargs,
+    group_qkv,
+    to_megatron,
+    transformer_config_kwargs,
+)
+from zkl.models.build import build_model
+from zkl.models.config import ModelConfig
+from zkl.models.transformer import Transformer, init_weights
+from zkl.run.validate import validate
+
+HAVE_MEGATRON = sys.version_info >= (3, 12) and importlib.util.find_spec("megatron") is not None
+
+
+def model_cfg(name: str, **edits) -> ModelConfig:
+    cfg = make_cfg(f"model={name}").model
+    for k, v in edits.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+def test_transformer_config_dense_and_moe():
+    dense = transformer_config_kwargs(model_cfg("tiny_dense"), "bfloat16")
+    assert dense["num_query_groups"] == 2 and dense["kv_channels"] == 16
+    assert dense["ffn_hidden_size"] == 128 and dense["qk_layernorm"] is True
+    assert dense["normalization"] == "RMSNorm" and dense["gated_linear_unit"] is True
+    assert dense["hidden_dropout"] == 0.0 and dense["bf16"] is True
+    assert "num_moe_experts" not in dense
+    moe_cfg = model_cfg("tiny_moe")
+    moe = transformer_config_kwargs(moe_cfg, "float32")
+    assert moe["num_moe_experts"] == moe_cfg.num_experts and moe["bf16"] is False
+    assert moe["moe_router_topk"] == moe_cfg.num_experts_per_tok
+    assert moe["moe_router_pre_softmax"] is (not moe_cfg.norm_topk_prob)
+    assert moe["moe_layer_freq"] == [1] * moe_cfg.num_hidden_layers
+    mixed = transformer_config_kwargs(model_cfg("tiny_moe", mlp_only_layers=[0]), "bfloat16")
+    assert mixed["moe_layer_freq"][0] == 0
+    assert gpt_model_kwargs(moe_cfg)["position_embedding_type"] == "none"
+    with pytest.raises(ValueError, match="nemotron_h"):
+        transformer_config_kwargs(model_cfg("tiny_hybrid"), "bfloat16")
+
+
+@pytest.mark.parametrize(
+    "name,edits",
+    [
+        ("tiny_dense", {}),
+        ("tiny_moe", {}),
+        ("tiny_dense", {"qkv_bias": True, "qk_norm": False, "tie_word_embeddings": False}),
+    ],
+)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_name_mapping_round_trip(name, edits, engine):
+    cfg = model_cfg(name, **edits)
+    native = Transformer(cfg)
+    init_weights(native, 3)
+    state = native.state_dict()
+    theirs = to_megatron(state, cfg, engine)
+    back = from_megatron(theirs, cfg, engine)
+    assert set(back) == set(state)
+    for k in state:
+        assert torch.equal(back[k], state[k]), k
+    # every native tensor lands somewhere: the megatron dict holds exactly as many elements
+    unique = {t.data_ptr(): t for t in state.values()}  # a tied lm_head is the embedding
+    assert sum(t.numel() for t in theirs.values()) == sum(t.numel() for t in unique.values())
+    fused_norm = engine != "megatron_local"
+    assert ("decoder.layers.0.self_attention.linear_qkv.layer_norm_weight" in theirs) is fused_norm
+
+
+def test_fused_qkv_is_grouped_per_kv_head():
+    cfg = model_cfg("tiny_dense")  # 4 query heads, 2 KV heads, head_dim 16
+    d = cfg.head_dim
+    q = torch.arange(4 * d).float().unsqueeze(1)
+    k = 1000 + torch.arange(2 * d).float().unsqueeze(1)
+    v = 2000 + torch.arange(2 * d).float().unsqueeze(1)
+    qkv = group_qkv(cfg, torch.cat([q, k, v]))[:, 0]  # zkl's qkv_proj: all q, all k, all v
+    # group 0: query heads 0, 1, then key head 0, value head 0; then group 1
+    expected = torch.cat([q[: 2 * d], k[:d], v[:d], q[2 * d :], k[d:], v[d:]])[:, 0]
+    assert torch.equal(qkv, expected)
+
+
+def test_engine_problem_sentences():
+    yes = lambda _: True  # noqa: E731
+    no = lambda _: False  # noqa: E731
+    common = {"on_cuda": True, "model_family": "qwen3", "linear_quant": "none"}
+    old = engine_problem("megatron_local", "colocated", python=(3, 11), installed=yes, **common)
+    assert "Python >= 3.12" in old and "3.11" in old
+    missing = engine_problem("megatron_local", "colocated", python=(3, 12), installed=no, **common)
+    assert "megatron-core" in missing and "not installed" in missing
+
+    def no_te(p):
+        return p != "transformer_engine"
+
+    for engine in ("transformer_engine", "inference_optimized"):
+        msg = engine_problem(engine, "dedicated", python=(3, 12), installed=no_te, **common)
+        assert "Transformer Engine" in msg and "engine=megatron_local" in msg
+    colo = engine_problem(
+        "inference_optimized", "colocated", python=(3, 12), installed=yes, **common
+    )
+    assert "dedicated" in colo
+    assert (
+        engine_problem("inference_optimized", "dedicated", python=(3, 12), installed=yes, **common)
+        is None
+    )
+    assert (
+        engine_problem("megatron_local", "colocated", python=(3, 12), installed=yes, **common)
+        is None
+    )
+    cpu = engine_problem(
+        "megatron_local",
+        "colocated",
+        python=(3, 12),
+        installed=yes,
+        on_cuda=False,
+        model_family="qwen3",
+        linear_quant="none",
+    )
+    assert "device=cuda" in cpu
+    for msg in (old, missing, colo, cpu):
+        assert "\n" not in msg and msg.count(". ") == 0 and msg.endswith(".")
+    assert engine_problem("native", "colocated", **common) is None
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_config_refuses_engine_it_cannot_run(engine):
+    """On this machine: the one sentence of `engine_problem`, raised by validate."""
+    cfg = make_cfg(f"engine={engine}")
+    expected = engine_problem(engine, cfg.layout.name, False, cfg.model.family, "none")
+    assert expected is not None  # device=cpu: never runnable here
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    assert str(err.value) == expected
+
+
+# -- with megatron-core installed (Python >= 3.12): the model itself on the CPU -------------
+
+needs_megatron = pytest.mark.skipif(not HAVE_MEGATRON, reason="needs megatron-core")
+
+
+@needs_megatron
+@pytest.mark.parametrize("name", ["tiny_dense", "tiny_moe"])
+def test_megatron_zero_mode_equals_native_on_cpu(name):
+    """Same weights, zkl's kernels in every slot: megatron's forward gives native's bits."""
+    from zkl.megatron.model import build_megatron_model
+
+    cfg = model_cfg(name)
+    with invariance.enabled(invariance.FIXES):
+        mega = build_megatron_model(cfg, "megatron_local", torch.bfloat16, 0, "cpu")
+        native = build_model(cfg, torch.bfloat16, seed=0)
+        tokens = torch.randint(
+            0, cfg.vocab_size, (3, 13), generator=torch.Generator().manual_seed(0)
+        )
+        positions = torch.arange(13).expand(3, 13)
+        assert torch.equal(mega(tokens, positions), native(tokens, positions))
+        index = torch.tensor([12, 4, 0])
+        assert torch.equal(
+            mega(tokens, positions, logit_index=index), native(tokens, positions, logit_index=index)
+        )
+
+
+@needs_megatron
+def test_megatron_engine_zero_on_cpu():
+    """zkl's scheduler over the megatron model: generated logprobs == scored, bit for bit."""
+    from zkl.generation.sampling import SamplingParams
+    from zkl.generation.scheduler import Request, Scheduler
+    from zkl.megatron.model import build_megatron_model
+    from zkl.trainer.scoring import score
+
+    cfg = model_cfg("tiny_moe")
+    g = torch.Generator().manual_seed(1)
+    requests = [
+        Request(
+            i,
+            torch.randint(2, 60, (int(n),), generator=g).tolist(),
+            SamplingParams(max_new_tokens=5, seed=i),
+        )
+        for i, n in enumerate(torch.randint(3, 20, (6,), generator=g))
+    ]
+    with invariance.enabled(invariance.FIXES):
+        model = build_megatron_model(cfg, "megatron_local", torch.bfloat16, 0, "cpu")
+        scheduler = Scheduler(model, max_batch_size=4, eos_id=1, prefill_chunk=5)
+        done = scheduler.generate(requests)
+        lp = score(model, [c.prompt for c in done], [c.tokens for c in done])
+        for c, s in zip(done, lp):
+            assert torch.equal(c.logprobs, s)
+
+
+def test_gpu_script_is_valid_bash_and_bounded():
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "gpu_megatron.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    steps = [line for line in script.read_text().splitlines() if line.startswith("step ")]
+    assert steps and sum(int(line.split()[2]) for line in steps) <= 540  # about 8 minutes

@@ -10,7 +10,7 @@ bash scripts/gpu_env.sh "$OUT"
 for stage in $STAGES; do
   case $stage in
     tests)
-      timeout "${TESTS_S:-260}" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider ${TESTS:-tests} \
+      timeout "${TESTS_S:-560}" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider ${TESTS:-tests} \
         > "$OUT/pytest_gpu.log" 2>&1; echo "pytest rc=$?" >> "$OUT/pytest_gpu.log" ;;
     attn)
       timeout "${ATTN_S:-150}" python3 -c "

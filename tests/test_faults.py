@@ -33,6 +33,12 @@ QUIET = ["tracking.wandb.mode=disabled", "tracking.progress=false"]
 FAST = ["rl.prompts_per_step=2", "rl.samples_per_prompt=2"]
 
 
+def heed_sigint() -> None:
+    """In the child before it runs: Ctrl-C's default action, as a terminal's command has it. A
+    test run started as a background job ignores SIGINT, and its children would inherit that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(args: list[str], run_dir: Path, stderr=subprocess.PIPE) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests' / 'helpers'}"}
     cmd = [sys.executable, "-m", "zkl", *QUIET, *FAST, *args, f"hydra.run.dir={run_dir}"]
@@ -44,6 +50,7 @@ def start(args: list[str], run_dir: Path, stderr=subprocess.PIPE) -> subprocess.
         stderr=stderr,
         text=True,
         start_new_session=True,  # its own process group, as a terminal's Ctrl-C reaches it
+        preexec_fn=heed_sigint,
     )
 
 

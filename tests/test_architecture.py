@@ -293,8 +293,10 @@ def test_each_fix_outside_the_op_table_is_read_at_one_site():
         if name.startswith("zkl.ops") or name == "zkl.invariance":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            call = isinstance(node, ast.Call) and getattr(node.func, "id", None) == "is_enabled"
-            if call and node.args and isinstance(node.args[0], ast.Constant):
+            if not isinstance(node, ast.Call):
+                continue
+            called = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+            if called == "is_enabled" and node.args and isinstance(node.args[0], ast.Constant):
                 sites[node.args[0].value].append(f"{name}:{node.lineno}")
     from zkl.ops import TABLE
 

@@ -269,6 +269,28 @@ def test_world_size_1_through_the_fsdp_path(tmp_path):
     assert "WORLD_SIZE" not in os.environ
 
 
+def test_a_sharded_run_replaces_the_group_of_one_a_library_made(tmp_path):
+    """megatron-core's parallel state needs a default group, and zkl makes one of this process
+    alone for it (`ranks.group_of_one`); a sharded run later in the same process replaces it,
+    while a default group zkl did not make is refused in one sentence before any work."""
+    import torch.distributed as dist
+
+    from zkl.distributed import ranks
+
+    cfg = make_cfg("model=tiny_dense", *BASE, "rl.steps=1", "trainer.fsdp=true")
+    ranks.group_of_one()
+    try:
+        (row,) = run(cfg, tmp_path / "after_one")
+        assert row["train/max_abs_logprob_diff"] == 0.0 and not dist.is_initialized()
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        with pytest.raises(ConfigError, match=r"did not create.*trainer\.fsdp=false"):
+            run(cfg, tmp_path / "foreign")
+        assert not (tmp_path / "foreign" / "metrics.jsonl").exists()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def test_spawned_ranks_leave_no_semaphore_behind(tmp_path):
     """Each spawned rank runs multiprocessing's finalizers before it skips the C++ teardown,
     so the semaphores it made (tqdm's lock) are unlinked and the spawner's resource tracker

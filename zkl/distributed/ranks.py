@@ -19,7 +19,8 @@ import torch.distributed as dist
 
 from zkl.device import on_cuda
 from zkl.distributed.checks import sharded
-from zkl.loopback import free_port
+from zkl.errors import ConfigError
+from zkl.loopback import free_port, loopback_only
 
 T = TypeVar("T")
 
@@ -91,6 +92,33 @@ def backend(cfg: Any) -> str:
     return "nccl" if on_cuda(cfg) else "gloo"
 
 
+_GROUP_OF_ONE: list[Any] = []  # the default group `group_of_one` made, while it is the default
+
+
+def group_of_one() -> None:
+    """A default group of this process alone (gloo over an in-memory store), for a library
+    that needs one outside a sharded run (megatron-core's parallel state). A sharded run
+    started later in the same process replaces it (`init`)."""
+    loopback_only()  # one rank: an in-memory store, no TCPStore on every interface
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    _GROUP_OF_ONE[:] = [dist.distributed_c10d._get_default_group()]
+
+
+def _release_group_of_one() -> None:
+    """Leave `group_of_one`'s group before a run's own; refuse a default group zkl did not make."""
+    if not dist.is_initialized():
+        return
+    if _GROUP_OF_ONE and _GROUP_OF_ONE[0] is dist.distributed_c10d._get_default_group():
+        _GROUP_OF_ONE.clear()
+        dist.destroy_process_group()
+        return
+    raise ConfigError(
+        "this process already has a torch.distributed default group that zkl did not create, "
+        "and a sharded run (trainer.fsdp=true or trainer.world_size > 1) makes its own: start "
+        "the run in its own process (python -m zkl), or set trainer.fsdp=false."
+    )
+
+
 def init(cfg: Any) -> World:
     """Join the process group of the ranks the launcher started (or a group of one for
     `trainer.fsdp=true` at world size 1); set this rank's GPU. World() when not sharded.
@@ -98,6 +126,7 @@ def init(cfg: Any) -> World:
     copy is kept."""
     if not sharded(cfg):
         return World()
+    _release_group_of_one()
     if "WORLD_SIZE" not in os.environ:  # world size 1 through the FSDP path
         own = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": str(free_port())}
         own.update({} if "MASTER_ADDR" in os.environ else {"MASTER_ADDR": "127.0.0.1"})
@@ -125,6 +154,7 @@ def shutdown() -> None:
     for key in _OWN_ENV:
         os.environ.pop(key, None)
     _OWN_ENV.clear()
+    _GROUP_OF_ONE.clear()
     if not dist.is_initialized():
         return
     if dist.get_backend() == "nccl":

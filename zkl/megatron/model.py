@@ -15,6 +15,7 @@ Imports megatron-core (Python >= 3.12).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -24,7 +25,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from zkl import ops
-from zkl.loopback import loopback_only
+from zkl.distributed import ranks
 from zkl.megatron.mapping import gpt_model_kwargs, to_megatron, transformer_config_kwargs
 from zkl.megatron.spec import Step, block_spec
 from zkl.models.causal_lm import CausalLM
@@ -34,19 +35,24 @@ from zkl.models.transformer import RotaryEmbedding, Transformer, init_weights
 from zkl.precision.recipes import DTYPES, keeps_fp32
 
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+_BUILT_OVER: list[Any] = []  # the default group megatron's parallel state was built over
 
 
 def ensure_parallel_state(device: torch.device, seed: int) -> None:
-    """Megatron's process groups for one process (TP = PP = EP = 1), created once.
+    """Megatron's process groups for one process (TP = PP = EP = 1), over the default group.
 
     A process that already has a default group (a dedicated generator's refit group) keeps
-    it; megatron's groups are then built over it with every size 1.
+    it; megatron's groups are then built over it with every size 1. Groups built over a
+    default group that has since been left (a run's end) are built again.
     """
     if not dist.is_initialized():
-        loopback_only()  # one rank: an in-memory store, no TCPStore on every interface
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        ranks.group_of_one()
+    world = dist.distributed_c10d._get_default_group()
+    if _BUILT_OVER and _BUILT_OVER[0] is not world:
+        parallel_state.destroy_model_parallel()
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
+        _BUILT_OVER[:] = [world]
     if device.type == "cuda":
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
 

@@ -22,6 +22,7 @@ from zkl.distributed.checks import sharded
 from zkl.errors import ConfigError
 from zkl.invariance import from_config
 from zkl.models.config import ModelConfig
+from zkl.models.mamba2 import scan_piece_chunks
 from zkl.models.registry import largest_layer_params, param_count
 from zkl.precision.config import quantizes
 from zkl.precision.recipes import DTYPES
@@ -99,14 +100,17 @@ def _kept_per_token(cfg: Any, c: int, layer_token: int) -> int:
 
 
 def mamba_scan_bytes(m: ModelConfig, sequences: int, positions: int) -> float:
-    """The chunk scan's largest transient: C[l].B[s] over every (l, s) pair of every chunk,
-    [b, chunks, Q, Q, H, N] in fp32 (and the same with P), built by one layer at a time;
-    twice that for the backward's gradient of the product."""
+    """The chunk scan's largest transient: C[l].B[s] over every (l, s) pair of a chunk,
+    [Q, Q, H, N] in fp32 (and the same with P), built `scan_piece_chunks` chunks at a time
+    (zkl/models/mamba2.py) by one layer at a time; twice that for the backward's gradient."""
     if "M" not in m.hybrid_override_pattern:
         return 0.0
     q = m.chunk_size
     width = max(m.ssm_state_size, m.mamba_head_dim)
-    return 2.0 * sequences * math.ceil(positions / q) * q * q * m.mamba_num_heads * width * 4
+    chunks = min(
+        sequences * math.ceil(positions / q), scan_piece_chunks(q, m.mamba_num_heads, width)
+    )
+    return 2.0 * chunks * q * q * m.mamba_num_heads * width * 4
 
 
 def sharded_weights(cfg: Any) -> dict[str, float]:

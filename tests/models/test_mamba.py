@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from tests.conftest import SMALL, make_cfg
-from zkl import invariance
+from zkl import invariance, memory
 from zkl.generation.sampling import SamplingParams
 from zkl.generation.scheduler import Request, Scheduler
+from zkl.models import mamba2
 from zkl.models.build import build_model
 from zkl.models.mamba2 import chunk_scan
 from zkl.rl.loop import run
@@ -75,6 +76,48 @@ def test_chunk_scan_gradients_stay_finite_over_a_long_chunk():
         assert torch.isfinite(t.grad).all()
 
 
+@pytest.mark.parametrize("chunks_per_piece", [1, 2, 5])
+def test_chunk_scan_in_pieces_keeps_every_bit(monkeypatch, chunks_per_piece):
+    """The train path builds its diagonal blocks a few chunks at a time (their products grow
+    with batch x length: 17 GB at Nemotron-H's widths for 32 rows of one chunk); the output and
+    the states are bitwise the one-piece scan's, the gradients equal to 1e-6 (their sums over
+    the pieces are added in another order), and the pieces are taken."""
+    g = torch.Generator().manual_seed(0)
+    b, length, H, P, N, Q = 3, 32, 4, 8, 16, 8
+    x, B, C = (torch.randn(b, length, H, d, generator=g, requires_grad=True) for d in (P, N, N))
+    dt = (torch.rand(b, length, H, generator=g) * 0.5).requires_grad_()
+    A, h = -torch.rand(H, generator=g) - 0.5, torch.randn(b, H, P, N, generator=g)
+    weights = torch.randn(b, length, H, P, generator=g)
+
+    def scan():
+        y, states = chunk_scan(x, dt, B, C, A, h, Q)
+        loss = (y * weights).sum() + states.sum()
+        return y, states, torch.autograd.grad(loss, (x, dt, B, C))
+
+    whole = scan()
+    calls = []
+    intra = mamba2._intra
+    monkeypatch.setattr(mamba2, "_intra", lambda *a: calls.append(a[0].shape[0]) or intra(*a))
+    monkeypatch.setattr(mamba2, "SCAN_PIECE_VALUES", chunks_per_piece * Q * Q * H * N)
+    pieces = scan()
+    assert calls == [
+        min(chunks_per_piece, b * length // Q - i) for i in range(0, 12, chunks_per_piece)
+    ]
+    assert torch.equal(pieces[0], whole[0]) and torch.equal(pieces[1], whole[1])
+    for got, want in zip(pieces[2], whole[2]):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
+
+
+def test_the_scan_estimate_does_not_grow_with_the_batch():
+    """Nemotron-H's widths at 64 rollouts of 8k tokens: the scan's transient stays at two
+    pieces' worth (about 2 GB), where the whole batch's blocks would be 550 TB."""
+    m = make_cfg("model=nemotron3_nano_30b_a3b").model
+    piece = mamba2.scan_piece_chunks(m.chunk_size, m.mamba_num_heads, m.ssm_state_size)
+    one_chunk = m.chunk_size**2 * m.mamba_num_heads * max(m.ssm_state_size, m.mamba_head_dim) * 4
+    assert memory.mamba_scan_bytes(m, 64, 8192) == 2.0 * piece * one_chunk <= 2 * 2**30
+    assert memory.mamba_scan_bytes(m, 1, m.chunk_size) == 2.0 * one_chunk
+
+
 def test_mamba_chunked_decode_fix():
     """Fix off: decode (the recurrence) differs from training; on: bitwise equal to it."""
     model = _model()
@@ -131,3 +174,30 @@ def test_mamba_chunked_decode_fix_cuda():
     _, done, lp_train = _gen_and_score(model, ALL, _requests(4))
     for c, t in zip(done, lp_train):
         assert torch.equal(c.logprobs.cpu(), t.cpu())
+
+
+@pytest.mark.gpu
+def test_chunk_scan_in_pieces_on_cuda_at_nemotron_widths(monkeypatch):
+    """At Nemotron-H's widths (64 heads, P 64, N 128, Q 128) eight chunks are 4.3 GB of
+    products in one piece; in the default pieces (two chunks) the output and the states are
+    bitwise the one piece's, and the gradients are the same run to run."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    b, length, H, P, N, Q = 4, 256, 64, 64, 128, 128
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, device="cuda")
+
+    x, B, C = (rand(b, length, H, d).requires_grad_() for d in (P, N, N))
+    dt = (torch.rand(b, length, H, generator=g, device="cuda") * 0.1).requires_grad_()
+    A, h = -torch.rand(H, generator=g, device="cuda") - 0.5, rand(b, H, P, N)
+
+    def scan():
+        y, states = chunk_scan(x, dt, B, C, A, h, Q)
+        return y, states, torch.autograd.grad(y.sum() + states.sum(), (x, dt, B, C))
+
+    assert mamba2.scan_piece_chunks(Q, H, N) == 2
+    pieces, again = scan(), scan()
+    assert all(torch.equal(p, a) for p, a in zip(pieces[2], again[2]))
+    monkeypatch.setattr(mamba2, "SCAN_PIECE_VALUES", 8 * Q * Q * H * N)
+    whole = scan()
+    assert torch.equal(pieces[0], whole[0]) and torch.equal(pieces[1], whole[1])

@@ -57,6 +57,37 @@ def _intra(C_rows, cum_rows, visible, B, cum, xdt) -> torch.Tensor:
     return ordered_sum(scores.unsqueeze(-1) * xdt.unsqueeze(2), dim=3)  # [b, n, l, H, P]
 
 
+# The diagonal blocks' products [chunks, Q, Q, H, max(N, P)] are built this many fp32 values
+# at a time at most (1 GiB), whatever the batch and the sequence length.
+SCAN_PIECE_VALUES = 1 << 28
+
+
+def scan_piece_chunks(chunk: int, heads: int, width: int) -> int:
+    """How many chunks the train path's diagonal blocks take at once (at least one)."""
+    return max(1, SCAN_PIECE_VALUES // (chunk * chunk * heads * width))
+
+
+def _diagonal(Cc, cum, Bc, xdt, causal) -> torch.Tensor:
+    """`_intra` over every chunk of the batch, `scan_piece_chunks` chunks at a time.
+
+    Each chunk's diagonal block is elementwise work and fixed trees within the chunk, so
+    taking the (batch, chunk) pairs a few at a time leaves every value's bits as they are and
+    bounds the transient products (and their gradients) instead of growing them with
+    batch x length.
+    """
+    b, n, Q, H, N = Cc.shape
+    step = scan_piece_chunks(Q, H, max(N, xdt.shape[-1]))
+    if b * n <= step:
+        return _intra(Cc, cum, causal, Bc, cum, xdt)
+
+    def flat(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(b * n, 1, *t.shape[2:])
+
+    pieces = zip(*(flat(t).split(step) for t in (Cc, cum, Bc, xdt)))
+    y = [_intra(c, k, causal, bb, k, x) for c, k, bb, x in pieces]
+    return torch.cat(y).view(b, n, Q, H, -1)
+
+
 def _off(C_rows, cum_rows, start) -> torch.Tensor:
     """The state entering the chunk [b, n, H, P, N], read out by C and decayed to each row."""
     return ordered_sum(C_rows.unsqueeze(-2) * start.unsqueeze(2)) * torch.exp(cum_rows)[..., None]
@@ -88,7 +119,7 @@ def chunk_scan(
     n = length // chunk
     cum, xdt, Bc, Cc = _chunks(x, dt, B, C, A, chunk)
     causal = torch.ones(chunk, chunk, dtype=torch.bool, device=x.device).tril()[:, :, None]
-    y_diag = _intra(Cc, cum, causal, Bc, cum, xdt)
+    y_diag = _diagonal(Cc, cum, Bc, xdt, causal)
     states = [h0]
     for c in range(n):  # inter-chunk recurrence, one boundary at a time
         part = slice(c, c + 1)

@@ -12,14 +12,14 @@ import torch
 from tests.conftest import make_cfg, small_model
 from zkl import invariance
 from zkl.errors import ConfigError
-from zkl.generation.routes import RouteTape, replay_batch
+from zkl.generation.routes import RouteTape, mismatch_metrics, replay_batch
 from zkl.generation.sampling import SamplingParams
 from zkl.generation.scheduler import Request, Scheduler
 from zkl.rl.loss import grpo_loss
 from zkl.run.validate import validate
 from zkl.trainer.batch import UpdateBatch
 from zkl.trainer.build import build_policy
-from zkl.trainer.scoring import route_mismatch, score
+from zkl.trainer.scoring import score
 
 ALL = invariance.FIXES
 
@@ -55,9 +55,21 @@ def test_routes_are_recorded_compactly_for_every_input_position():
     assert all(torch.equal(a.routes, b.routes) for a, b in zip(done, again))
     # and they are the trainer's own choices: a compare-only tape finds no difference
     prompts, responses = [c.prompt for c in done], [c.tokens for c in done]
+    counts = torch.zeros(4, dtype=torch.float64)
     with invariance.enabled(ALL):
-        got = route_mismatch(model, prompts, responses, [c.routes for c in done], "cpu")
-    assert got == {"routing/decision_mismatch_frac": 0.0, "routing/token_mismatch_frac": 0.0}
+        score(
+            model,
+            prompts,
+            responses,
+            routes=[c.routes for c in done],
+            replay=False,
+            route_counts=counts,
+        )
+    assert counts[0] == sum(len(c.prompt) + len(c.tokens) - 1 for c in done) * layers
+    assert mismatch_metrics(counts) == {
+        "routing/decision_mismatch_frac": 0.0,
+        "routing/token_mismatch_frac": 0.0,
+    }
 
 
 @pytest.mark.slow  # two policies and a scheduler: tens of seconds on two busy cores
@@ -70,8 +82,9 @@ def test_zero_mode_scoring_and_one_minibatch_update_are_bitwise_unchanged():
         prompts, responses = [c.prompt for c in done], [c.tokens for c in done]
         routes = [c.routes for c in done]
         temps = [1.0] * len(done)
-        lp_plain = plain.score(prompts, responses, temps)
-        lp_replay = replayed.score(prompts, responses, temps, routes)
+        lp_plain, none = plain.score(prompts, responses, temps)
+        lp_replay, routing = replayed.score(prompts, responses, temps, routes, replay=True)
+        assert none == {} and set(routing.values()) == {0.0}
         assert all(torch.equal(a, b) for a, b in zip(lp_plain, lp_replay))
         assert all(torch.equal(a, c.logprobs) for a, c in zip(lp_plain, done))
         adv = torch.linspace(-1, 1, len(done))
@@ -93,9 +106,17 @@ def test_forged_routes_steer_the_experts_and_the_gate_stays_differentiable():
         known = r >= 0
         r[known] = (r[known] + 1) % model.cfg.num_experts  # every choice moved one expert on
         forged.append(r)
+    counts = torch.zeros(4, dtype=torch.float64)
     with invariance.enabled(ALL):
         own = score(model, prompts, responses)
-        moved = score(model, prompts, responses, routes=forged)
+        moved = score(model, prompts, responses, routes=forged, route_counts=counts)
+        assert mismatch_metrics(counts)["routing/token_mismatch_frac"] == 1.0  # layer 0's
+        counts.zero_()
+        compared = score(
+            model, prompts, responses, routes=forged, replay=False, route_counts=counts
+        )
+        assert all(torch.equal(a, b) for a, b in zip(own, compared))  # compared, not used
+        assert set(mismatch_metrics(counts).values()) == {1.0}
         assert not all(torch.equal(a, b) for a, b in zip(own, moved))
         from zkl.trainer.batch import pad_sequences
         from zkl.trainer.scoring import sequence_logprobs
@@ -106,6 +127,28 @@ def test_forged_routes_steer_the_experts_and_the_gate_stays_differentiable():
         sequence_logprobs(trained, tokens, routes=tape).sum().backward()
     gate = trained.layers[0].mlp.gate.weight.grad
     assert gate is not None and bool(gate.abs().sum() > 0)
+
+
+def test_the_route_mismatch_is_counted_in_the_scoring_forward(tmp_path, monkeypatch):
+    """rl.record_routes logs the routing/* shares from scoring's own forward: a step runs
+    as many trainer forwards as one that records nothing."""
+    from zkl.models.transformer import Transformer
+    from zkl.rl.loop import run
+
+    forwards = []
+    hidden_states = Transformer.hidden_states
+    monkeypatch.setattr(
+        Transformer, "hidden_states", lambda *a, **k: forwards.append(1) or hidden_states(*a, **k)
+    )
+    common = ["model=tiny_moe", "rl.steps=1", "num_threads=1", "checkpoint.save=false"]
+    (plain,) = run(make_cfg(*common), tmp_path / "plain")
+    plain_forwards, forwards[:] = len(forwards), []
+    (recorded,) = run(make_cfg(*common, "rl.record_routes=true"), tmp_path / "recorded")
+    assert len(forwards) == plain_forwards
+    assert (
+        recorded["routing/decision_mismatch_frac"] == 0.0 == recorded["routing/token_mismatch_frac"]
+    )
+    assert "routing/token_mismatch_frac" not in plain
 
 
 def test_replay_on_a_dense_model_stops_in_one_sentence():

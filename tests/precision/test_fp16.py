@@ -48,7 +48,7 @@ def test_an_overflowing_update_is_skipped_and_the_weights_stay(tmp_path):
         policy = build_policy(cfg, grpo_loss(cfg.rl))
         policy.scaler.scale = 2.0**100
         prompts, responses = [[2, 3, 4], [5, 6]], [[7, 8], [9]]
-        old = policy.score(prompts, responses, [1.0, 1.0])
+        old, _ = policy.score(prompts, responses, [1.0, 1.0])
         before = {n: t.clone() for n, t in policy.refit_state().items()}
         stats = policy.update(
             UpdateBatch(prompts, responses, old, torch.tensor([1.0, -1.0]), [1.0, 1.0])

@@ -47,7 +47,7 @@ def _batch(policy: LocalPolicy, cfg) -> UpdateBatch:
     prompts = [[2, 3, 4, 5], [2, 3, 6], [7, 8, 9, 10, 11], [4, 4]]
     responses = [[12, 13], [14, 15, 16], [17], [18, 19, 20]]
     temps = [cfg.sampling.temperature] * len(prompts)
-    old = policy.score(prompts, responses, temps)
+    old, _ = policy.score(prompts, responses, temps)
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
     return UpdateBatch(prompts, responses, old, advantages, temps)
 

@@ -45,6 +45,23 @@ class RouteTape:
         self.token_differs = differs if previous is None else previous | differs
         return given if self.use else None
 
+    def counts(self) -> torch.Tensor:
+        """float64 [4]: replayed (token, layer) decisions, those the layers chose otherwise,
+        tokens with a replayed route, those with any layer's choice otherwise."""
+        known = int((self.replay[0][:, 0] >= 0).sum()) if self.replay is not None else 0
+        differ = 0 if self.token_differs is None else int(self.token_differs.sum())
+        values = [self.decisions, int(self.differing), known, differ]
+        return torch.tensor(values, dtype=torch.float64)
+
+
+def mismatch_metrics(counts: torch.Tensor | list[float]) -> dict[str, float]:
+    """The `routing/*` shares from summed `RouteTape.counts`."""
+    decisions, differing, known, differ = (float(c) for c in counts)
+    return {
+        "routing/decision_mismatch_frac": differing / max(decisions, 1),
+        "routing/token_mismatch_frac": differ / max(known, 1),
+    }
+
 
 def recording(routes: torch.Tensor | None) -> RouteTape | None:
     """A tape for a gen-path forward: one that records where the cache keeps `routes`."""

@@ -196,7 +196,7 @@ def train_step(
     temps = [r.params.temperature for r in requests]
     routes = [c.routes for c in completions] if cfg.rl.records_routes else None
     replayed = routes if cfg.rl.routing_replay else None
-    lp_train = policy.score(prompts, responses, temps, replayed)
+    lp_train, routing = policy.score(prompts, responses, temps, routes, cfg.rl.routing_replay)
     marks.append(time.perf_counter())
     lp_gen = torch.cat([c.logprobs for c in completions])
     lp_train_flat = torch.cat(lp_train)
@@ -207,8 +207,7 @@ def train_step(
     lp_behavior = behavior_logprobs(completions, cfg.rl.correction.behavior)
     weights = correction_weights(lp_train, lp_behavior, cfg.rl.correction)
     row.update(diagnostics(lp_train, lp_behavior, weights))
-    if routes is not None:  # before the update moves the router
-        row.update(policy.route_mismatch(prompts, responses, routes))
+    row.update(routing)
     batch = UpdateBatch(prompts, responses, lp_train, advantages, temps, weights, replayed)
     row.update(policy.update(batch))
     marks.append(time.perf_counter())

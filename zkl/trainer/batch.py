@@ -37,10 +37,11 @@ def spread(values: list[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
 
 
 def replay_tape(
-    routes: list[torch.Tensor] | None, lo: int, hi: int, width: int
+    routes: list[torch.Tensor] | None, lo: int, hi: int, width: int, use: bool = True
 ) -> RouteTape | None:
-    """The tape replaying sequences lo..hi's routes in a batch `width` wide (None: no replay)."""
-    return None if routes is None else RouteTape(replay_batch(routes[lo:hi], width))
+    """The tape replaying sequences lo..hi's routes in a batch `width` wide (None: no
+    routes); `use=False` only counts where the layers' own choices differ from them."""
+    return None if routes is None else RouteTape(replay_batch(routes[lo:hi], width), use)
 
 
 @dataclass

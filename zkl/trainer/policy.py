@@ -19,11 +19,12 @@ import torch.distributed as dist
 from zkl.backends import build_backend_model
 from zkl.device import resolve_device
 from zkl.distributed import ranks
+from zkl.generation.routes import mismatch_metrics
 from zkl.models.hf_weights_check import warn_random_weights
 from zkl.precision.fp16 import DynamicLossScaler
 from zkl.precision.recipes import DTYPES
 from zkl.trainer.batch import UpdateBatch, minibatch, minibatch_edges
-from zkl.trainer.scoring import route_mismatch, score, sequence_logprobs
+from zkl.trainer.scoring import score, sequence_logprobs
 from zkl.trainer.update import LossFn, update_stats
 from zkl.trainer.weights import weight_digests
 
@@ -114,21 +115,26 @@ class Policy(abc.ABC):
         responses: list[list[int]],
         temperatures: list[float],
         routes: list[torch.Tensor] | None = None,
-    ) -> list[torch.Tensor]:
+        replay: bool = False,
+    ) -> tuple[list[torch.Tensor], dict[str, float]]:
         """Train-path logprobs of every response (zkl/trainer/scoring.py), each rank scoring
-        its share; every rank gets them all, in order. `routes`: the generator's, replayed."""
+        its share; every rank gets them all, in order. With the generator's `routes`, the
+        forward replays them (`replay`) or only compares its own with them, and the second
+        value holds the `routing/*` shares of the trainer's choices that differ from them."""
         world, size = self.world, self.cfg.rl.score_micro_batch
         shares = (world.share(prompts), world.share(responses), world.share(temperatures))
-        mine = score(self.model, *shares, size, device=self.device, routes=routes)
-        return world.gather(mine)
-
-    def route_mismatch(
-        self, prompts: list[list[int]], responses: list[list[int]], routes: list[torch.Tensor]
-    ) -> dict[str, float]:
-        """The `routing/*` shares of the trainer's own routes that differ from the generator's
-        `routes` (zkl/trainer/scoring.py `route_mismatch`), in a forward of their own: the
-        scoring forward replays the routes, so its later layers see other inputs."""
-        return route_mismatch(self.model, prompts, responses, routes, self.device)
+        counts = torch.zeros(4, dtype=torch.float64)
+        mine = score(
+            self.model,
+            *shares,
+            size,
+            device=self.device,
+            routes=None if routes is None else world.share(routes),
+            replay=replay,
+            route_counts=counts,
+        )
+        routing = {} if routes is None else mismatch_metrics(world.sum(counts.tolist()))
+        return world.gather(mine), routing
 
     def update(self, batch: UpdateBatch) -> dict[str, float]:
         """One optimizer step per minibatch on the policy's `loss_fn`.

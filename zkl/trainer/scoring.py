@@ -6,7 +6,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from zkl import ops
-from zkl.generation.routes import RouteTape, replay_batch
+from zkl.generation.routes import RouteTape
 from zkl.memory import LOGIT_TOKENS
 from zkl.models.causal_lm import CausalLM
 from zkl.trainer.batch import pad_sequences, replay_tape
@@ -60,13 +60,17 @@ def score(
     micro_batch_size: int = 0,
     device: torch.device | None = None,
     routes: list[torch.Tensor] | None = None,
+    replay: bool = True,
+    route_counts: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
     """Train-path logprobs of each response's tokens, fp32 on the CPU, one tensor per sequence.
 
     `micro_batch_size` > 0 splits the forward into groups of that many sequences. `device`
     is where the forward computes (default: the parameters'; FSDP's host offload keeps the
     parameters on the CPU and computes on the GPU). `routes`: each sequence's generator
-    routes [len, L, k] for the MoE layers to replay (`zkl.generation.routes`).
+    routes [len, L, k] (`zkl.generation.routes`), which the MoE layers replay, or with
+    `replay=False` only compare their own choices with; `route_counts` (float64 [4]) adds
+    up how many differed (`RouteTape.counts`), so no forward of its own is needed for that.
     """
     size = micro_batch_size or len(prompts)
     device = device or next(model.parameters()).device
@@ -75,29 +79,10 @@ def score(
         p, r = prompts[lo : lo + size], responses[lo : lo + size]
         tokens, mask = pad_sequences(p, r)
         temps = torch.tensor(temperatures[lo : lo + size], device=device) if temperatures else 1.0
-        tape = replay_tape(routes, lo, lo + size, tokens.shape[1])
+        tape = replay_tape(routes, lo, lo + size, tokens.shape[1], use=replay)
         logp = sequence_logprobs(model, tokens.to(device), temps, tape).cpu()
+        if tape is not None and route_counts is not None:
+            route_counts += tape.counts()
         for i in range(len(p)):
             out.append(logp[i][mask[i, :-1]])
     return out
-
-
-@torch.no_grad()
-def route_mismatch(
-    model: torch.nn.Module,
-    prompts: list[list[int]],
-    responses: list[list[int]],
-    routes: list[torch.Tensor],
-    device: torch.device,
-) -> dict[str, float]:
-    """How the trainer's own router disagrees with the generator's recorded routes: the share
-    of (token, MoE layer) decisions and of tokens (any layer) with another expert set."""
-    tokens, _ = pad_sequences(prompts, responses)
-    tape = RouteTape(replay_batch(routes, tokens.shape[1]), use=False)
-    positions = torch.arange(tokens.shape[1], device=device).expand(tokens.shape)
-    model.hidden_states(tokens.to(device), positions, routes=tape)
-    known = int((tape.replay[0][:, 0] >= 0).sum())
-    return {
-        "routing/decision_mismatch_frac": int(tape.differing) / max(tape.decisions, 1),
-        "routing/token_mismatch_frac": int(tape.token_differs.sum()) / max(known, 1),
-    }

@@ -250,8 +250,9 @@ def test_cert_fails_a_diverged_bed_and_certifies_the_rest(tmp_path):
 
 
 def test_the_mamba_chunk_scan_is_in_the_estimate(monkeypatch):
-    """A Nemotron-H scan at 128-position chunks builds [b, Q, Q, H, N] per layer: a run that
-    cannot hold it is refused with the part named, not killed by the OOM killer."""
+    """A Nemotron-H scan at 128-position chunks builds [Q, Q, H, N] products a few chunks at a
+    time and keeps [Q, H] rows of every position for the backward: a run that cannot hold
+    them is refused with the part named, not killed by the OOM killer."""
     cut = ["model=nemotron3_nano_30b_a3b", "model.num_hidden_layers=3"]
     cut += ["model.hybrid_override_pattern=M*E", "model.hidden_size=256"]
     cut += ["model.n_routed_experts=8", "model.vocab_size=4096", "task.name=residue"]
@@ -259,8 +260,9 @@ def test_the_mamba_chunk_scan_is_in_the_estimate(monkeypatch):
     parts = memory.estimate(cfg, 80)
     samples = cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt
     assert parts["Mamba chunk scan"] == memory.mamba_scan_bytes(cfg.model, samples, 80) > 0
+    assert parts["update activations"] > memory.mamba_saved_bytes(cfg, samples, 80) > 0
     assert memory.estimate(make_cfg("model=tiny_dense"), 80)["Mamba chunk scan"] == 0.0
-    monkeypatch.setattr(memory, "available_bytes", lambda: parts["Mamba chunk scan"] / 2)
+    monkeypatch.setattr(memory, "available_bytes", lambda: parts["update activations"] / 2)
     message = refusal(cut)
-    assert "the largest part is the Mamba chunk scan" in message
-    assert "rl.score_micro_batch" in message
+    assert "the largest part is the update activations" in message
+    assert "trainer.activation_checkpointing=true" in message

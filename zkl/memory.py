@@ -46,8 +46,8 @@ ADVICE = {
     "prefix cache": "lower engine.prefix_cache_blocks",
     "rotary tables": "lower model.max_position_embeddings",
     "scoring logits": "set rl.score_micro_batch, or lower rl.prompts_per_step or model.vocab_size",
-    "update activations": "raise rl.num_minibatches, or lower rl.prompts_per_step, "
-    "sampling.max_new_tokens or model.vocab_size",
+    "update activations": "raise rl.num_minibatches, set trainer.activation_checkpointing=true, "
+    "or lower rl.prompts_per_step, sampling.max_new_tokens or model.vocab_size",
     "generation activations": "lower engine.max_batch_size",
     "Mamba chunk scan": "set rl.score_micro_batch, or lower rl.prompts_per_step or "
     "rl.samples_per_prompt",
@@ -113,6 +113,24 @@ def mamba_scan_bytes(m: ModelConfig, sequences: int, positions: int) -> float:
     return 2.0 * chunks * q * q * m.mamba_num_heads * width * 4
 
 
+def mamba_saved_bytes(cfg: Any, sequences: int, positions: int) -> float:
+    """What the update's backward keeps of the chunk scan (zkl/models/mamba2.py `chunk_scan`),
+    fp32, per position of each sequence padded to whole chunks: three [Q, H] rows of the
+    diagonal block (the decay, the scores before and after it), x*dt twice, the commits'
+    B-products, two states per chunk, and the per-head running sums; for every Mamba layer,
+    or for the one layer remade with `trainer.activation_checkpointing`."""
+    m = cfg.model
+    hybrid = bool(m.hybrid_override_pattern)
+    layers = sum(m.layer_kind(i) == "mamba" for i in range(m.num_hidden_layers)) if hybrid else 0
+    if not layers:
+        return 0.0
+    q, h, p, n = m.chunk_size, m.mamba_num_heads, m.mamba_head_dim, m.ssm_state_size
+    per_position = 3 * q * h + 2 * h * p + h * n + 2 * h * p * n / q + 2 * h
+    padded = math.ceil(positions / q) * q
+    kept_layers = 1 if cfg.trainer.activation_checkpointing else layers
+    return 4.0 * per_position * sequences * padded * kept_layers
+
+
 def sharded_weights(cfg: Any) -> dict[str, float]:
     """Per-rank bytes of a sharded trainer (zkl/distributed/fsdp.py) and its generator.
 
@@ -174,6 +192,7 @@ def estimate(cfg: Any, positions: int) -> dict[str, float]:
         "scoring logits": float(min(scored * positions, LOGIT_TOKENS) * m.vocab_size * score_bytes),
         "update activations": float(
             minibatch * positions * _kept_per_token(cfg, c, layer_token)
+            + mamba_saved_bytes(cfg, minibatch, positions)
             + min(minibatch * positions, LOGIT_TOKENS) * m.vocab_size * update_bytes
         ),
         # the trainer's forwards; the scheduler prefills a hybrid one request at a time

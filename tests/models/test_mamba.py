@@ -201,3 +201,34 @@ def test_chunk_scan_in_pieces_on_cuda_at_nemotron_widths(monkeypatch):
     monkeypatch.setattr(mamba2, "SCAN_PIECE_VALUES", 8 * Q * Q * H * N)
     whole = scan()
     assert torch.equal(pieces[0], whole[0]) and torch.equal(pieces[1], whole[1])
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_update_estimate_holds_what_the_scan_keeps(checkpointing):
+    """The tensors the chunk scan keeps for the backward, counted through autograd's
+    saved-tensor hooks at the tiny hybrid's widths and a long sequence, are what
+    `memory.mamba_saved_bytes` says, up to one state and the causal mask per layer."""
+    cfg = make_cfg("model=tiny_hybrid", f"trainer.activation_checkpointing={checkpointing}")
+    m = cfg.model
+    b, n, Q = 2, 16, m.chunk_size
+    H, P, N = m.mamba_num_heads, m.mamba_head_dim, m.ssm_state_size
+    g = torch.Generator().manual_seed(0)
+    x, B, C = (torch.randn(b, n * Q, H, d, generator=g, requires_grad=True) for d in (P, N, N))
+    dt = (torch.rand(b, n * Q, H, generator=g) * 0.5).requires_grad_()
+    A, h = -torch.rand(H, generator=g) - 0.5, torch.zeros(b, H, P, N)
+    given = {t.untyped_storage().data_ptr() for t in (x, dt, B, C, A, h)}
+    kept: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in given:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        chunk_scan(x, dt, B, C, A, h, Q)
+    mamba_layers = 1 if checkpointing else m.hybrid_override_pattern.count("M")
+    estimate = memory.mamba_saved_bytes(cfg, b, n * Q - 3)  # padded to whole chunks
+    one_state, causal_mask = b * H * P * N * 4, Q * Q
+    assert 0 <= sum(kept.values()) - estimate / mamba_layers <= one_state + causal_mask
+    assert memory.mamba_saved_bytes(make_cfg("model=tiny_moe"), b, n * Q) == 0.0

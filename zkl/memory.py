@@ -120,8 +120,7 @@ def mamba_saved_bytes(cfg: Any, sequences: int, positions: int) -> float:
     B-products, two states per chunk, and the per-head running sums; for every Mamba layer,
     or for the one layer remade with `trainer.activation_checkpointing`."""
     m = cfg.model
-    hybrid = bool(m.hybrid_override_pattern)
-    layers = sum(m.layer_kind(i) == "mamba" for i in range(m.num_hidden_layers)) if hybrid else 0
+    layers = m.hybrid_override_pattern[: m.num_hidden_layers].count("M")
     if not layers:
         return 0.0
     q, h, p, n = m.chunk_size, m.mamba_num_heads, m.mamba_head_dim, m.ssm_state_size

@@ -13,6 +13,7 @@ import pytest
 import torch
 import transformers
 
+from tests.models.test_hf_peer import COMMON as PEER_COMMON
 from tests.models.test_hf_peer import TOL, randomize_, zkl_logits
 from zkl.models.build import build_model
 from zkl.models.hf_checkpoint import model_config_from_hf
@@ -24,16 +25,7 @@ from zkl.models.hf_checkpoint import model_config_from_hf
 BF16_TOL = 0.15
 
 BATCH, SEQ = 2, 40
-COMMON = {
-    "vocab_size": 96,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 128,
-    "num_hidden_layers": 2,
-    "tie_word_embeddings": False,
-}
+COMMON = {**PEER_COMMON, "num_hidden_layers": 2, "tie_word_embeddings": False}
 LLAMA3_ROPE = {
     "rope_type": "llama3",
     "rope_theta": 10000.0,

@@ -266,3 +266,9 @@ def test_the_mamba_chunk_scan_is_in_the_estimate(monkeypatch):
     message = refusal(cut)
     assert "the largest part is the update activations" in message
     assert "trainer.activation_checkpointing=true" in message
+    checkpointed = cut + ["trainer.activation_checkpointing=true"]
+    remade = memory.estimate(make_cfg(*checkpointed), 80)["update activations"]
+    monkeypatch.setattr(memory, "available_bytes", lambda: remade / 2)
+    message = refusal(checkpointed)
+    assert "the largest part is the update activations" in message
+    assert "activation_checkpointing" not in message and "rl.num_minibatches" in message

@@ -46,8 +46,8 @@ ADVICE = {
     "prefix cache": "lower engine.prefix_cache_blocks",
     "rotary tables": "lower model.max_position_embeddings",
     "scoring logits": "set rl.score_micro_batch, or lower rl.prompts_per_step or model.vocab_size",
-    "update activations": "raise rl.num_minibatches, set trainer.activation_checkpointing=true, "
-    "or lower rl.prompts_per_step, sampling.max_new_tokens or model.vocab_size",
+    "update activations": "raise rl.num_minibatches, or lower rl.prompts_per_step, "
+    "sampling.max_new_tokens or model.vocab_size",
     "generation activations": "lower engine.max_batch_size",
     "Mamba chunk scan": "set rl.score_micro_batch, or lower rl.prompts_per_step or "
     "rl.samples_per_prompt",
@@ -286,7 +286,14 @@ def peak(parts: dict[str, float]) -> float:
     return lasting + max(sum(parts.get(k, 0.0) for k in phase) for phase in PHASES)
 
 
-def _refuse(parts: dict[str, float], free: float, where: str) -> None:
+def advice(name: str, cfg: Any) -> str:
+    """What to change for the largest part, leaving out a key that is already set that way."""
+    if name == "update activations" and not cfg.trainer.activation_checkpointing:
+        return f"set trainer.activation_checkpointing=true, {ADVICE[name]}"
+    return ADVICE[name]
+
+
+def _refuse(parts: dict[str, float], free: float, where: str, cfg: Any) -> None:
     total = peak(parts)
     if total <= free:
         return
@@ -294,7 +301,7 @@ def _refuse(parts: dict[str, float], free: float, where: str) -> None:
     raise ConfigError(
         f"the run needs about {total / GB:.1f} GB of memory but {where} has "
         f"{max(free, 0) / GB:.1f} GB free; the largest part is the {name} "
-        f"({parts[name] / GB:.1f} GB): {ADVICE[name]}."
+        f"({parts[name] / GB:.1f} GB): {advice(name, cfg)}."
     )
 
 
@@ -303,14 +310,14 @@ def check_memory(cfg: Any, positions: int) -> None:
     parts = estimate(cfg, positions)
     if on_cuda(cfg) and torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info(resolve_device(str(cfg.device)))
-        _refuse({k: v for k, v in parts.items() if k not in HOST_ONLY}, free, "the GPU")
+        _refuse({k: v for k, v in parts.items() if k not in HOST_ONLY}, free, "the GPU", cfg)
         parts = {k: v for k, v in parts.items() if k in HOST_ONLY}
         generator = generator_estimate(cfg, positions)
         if generator:
             device = generator_device(cfg)
             free, _ = torch.cuda.mem_get_info(device)
-            _refuse(generator, free, f"the generator's GPU ({device})")
+            _refuse(generator, free, f"the generator's GPU ({device})", cfg)
     if sharded(cfg):  # the ranks on this machine share its memory
         local = int(os.environ.get("LOCAL_WORLD_SIZE") or cfg.trainer.world_size)
         parts = {k: v * local for k, v in parts.items()}
-    _refuse(parts, available_bytes(), "this machine")
+    _refuse(parts, available_bytes(), "this machine", cfg)

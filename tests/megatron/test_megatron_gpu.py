@@ -1,6 +1,8 @@
-"""Megatron engines on the GPU (H200, megatron-core 0.19.2, no Transformer Engine): default
-mode shows the mismatch, zero mode is exactly 0 at step 0 and across refits, and the
-megatron and native engines agree on the same weights. Skipped without CUDA or megatron."""
+"""Megatron engines on the GPU, each of `ENGINES`: default mode shows the mismatch, zero mode
+is exactly 0 at step 0 and across refits, and the megatron and native engines agree on the
+same weights. Skipped without CUDA or megatron-core; the Transformer Engine specs skip
+without Transformer Engine. `inference_optimized` is a dedicated generator's engine, so its
+runs take `+layout=dedicated`."""
 
 from __future__ import annotations
 
@@ -22,47 +24,67 @@ PEER_ATOL = 0.05
 PEER_RTOL = 0.05
 
 
-def _cfg(model: str, *extra: str):
-    return make_cfg(f"model={model}", "engine=megatron_local", "device=cuda", *SMALL, *extra)
+ENGINES = ("megatron_local", "transformer_engine", "inference_optimized")
+TE_ENGINES = ("transformer_engine", "inference_optimized")
+COLOCATED_ENGINES = ("megatron_local", "transformer_engine")
 
 
+def _needs(engine: str) -> None:
+    if engine in TE_ENGINES:
+        pytest.importorskip("transformer_engine.pytorch")
+
+
+def _cfg(model: str, *extra: str, engine: str = "megatron_local"):
+    _needs(engine)
+    layout = ["+layout=dedicated"] if engine == "inference_optimized" else []
+    return make_cfg(f"model={model}", f"engine={engine}", "device=cuda", *SMALL, *layout, *extra)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("model", ["tiny_dense", "tiny_moe"])
-def test_megatron_default_mode_mismatch(tmp_path, model):
-    rows = run(_cfg(model, "rl.steps=1", "zero_train_gen_mismatch=false"), tmp_path)
+def test_megatron_default_mode_mismatch(tmp_path, model, engine):
+    cfg = _cfg(model, "rl.steps=1", "zero_train_gen_mismatch=false", engine=engine)
+    rows = run(cfg, tmp_path)
     assert rows[0]["train/max_abs_logprob_diff"] > 0.0
     assert rows[0]["train/gen_kl_error"] > 0.0
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("kv", ["recompute", "persist"])
 @pytest.mark.parametrize("model", ["tiny_dense", "tiny_moe"])
-def test_megatron_zero_mode_exact_over_refits(tmp_path, model, kv):
-    rows = run(_cfg(model, "rl.steps=3", f"kv={kv}"), tmp_path)
+def test_megatron_zero_mode_exact_over_refits(tmp_path, model, kv, engine):
+    rows = run(_cfg(model, "rl.steps=3", f"kv={kv}", engine=engine), tmp_path)
     assert all(r["train/max_abs_logprob_diff"] == 0.0 for r in rows)
     assert all(r["train/bitwise_equal_frac"] == 1.0 for r in rows)
     assert all(r["optim/update_norm"] > 0 for r in rows)
 
 
-def test_megatron_dedicated_equals_colocated(tmp_path):
-    colocated = run(_cfg("tiny_dense", "rl.steps=3"), tmp_path / "c")
-    dedicated = run(_cfg("tiny_dense", "rl.steps=3", "+layout=dedicated"), tmp_path / "d")
+@pytest.mark.parametrize("engine", COLOCATED_ENGINES)
+def test_megatron_dedicated_equals_colocated(tmp_path, engine):
+    colocated = run(_cfg("tiny_dense", "rl.steps=3", engine=engine), tmp_path / "c")
+    dedicated = run(
+        _cfg("tiny_dense", "rl.steps=3", "+layout=dedicated", engine=engine), tmp_path / "d"
+    )
     keys = [k for k in colocated[0] if k.startswith(("train/", "reward/", "optim/"))]
     for a, b in zip(colocated, dedicated):
         assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
         assert b["train/max_abs_logprob_diff"] == 0.0
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("model", ["tiny_dense", "tiny_moe"])
-def test_megatron_peer_of_native(model):
+def test_megatron_peer_of_native(model, engine):
     """Same weights: logits within PEER_ATOL/RTOL by default; zero mode: the same logprobs
     (zkl's kernels in every slot, so the same kernels on the same operands)."""
     from zkl.megatron.model import build_megatron_model
 
+    _needs(engine)
     cfg = make_cfg(f"model={model}").model
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, cfg.vocab_size, (4, 40), generator=g).to(DEV)
     positions = torch.arange(40, device=DEV).expand(4, 40)
     with invariance.enabled(()):
-        mega = build_megatron_model(cfg, "megatron_local", torch.bfloat16, 0, DEV)
+        mega = build_megatron_model(cfg, engine, torch.bfloat16, 0, DEV)
         native = build_model(cfg, torch.bfloat16, seed=0, device=DEV)
         with torch.no_grad():
             a, b = mega(tokens, positions).float(), native(tokens, positions).float()

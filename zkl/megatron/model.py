@@ -146,9 +146,16 @@ def build_megatron_model(
     if is_dist:
         _load_dist_checkpoint(model, cfg.checkpoint)
     else:
-        model.gpt.load_state_dict(native_state_for(cfg, engine, seed), strict=True)
+        model.gpt.load_state_dict(_with_extra_state(model.gpt, native_state_for(cfg, engine, seed)))
     _cast(model, compute_dtype)
     return model.to(device)
+
+
+def _with_extra_state(module: torch.nn.Module, weights: dict[str, torch.Tensor]) -> dict:
+    """`weights` and the module's own `_extra_state` entries (Transformer Engine's FP8 metadata,
+    which zkl's weights do not carry), so that a strict load still names any missing weight."""
+    extra = {k: v for k, v in module.state_dict().items() if k.endswith("._extra_state")}
+    return {**extra, **weights}
 
 
 def native_state_for(cfg: ModelConfig, engine: str, seed: int) -> dict[str, torch.Tensor]:

@@ -82,6 +82,8 @@ def _zkl_linear(module, x: torch.Tensor, weight: torch.Tensor | None):
     """The (output, bias) pair megatron's parallel linears return, through `zkl.ops.linear`."""
     weight = module.weight if weight is None else weight
     bias = getattr(module, "bias", None)
+    if bias is not None and bias.numel() == 0:  # Transformer Engine's "no bias"
+        bias = None
     if getattr(module, "skip_bias_add", False):
         return ops.linear(x, weight, None), bias
     return ops.linear(x, weight, bias), None
@@ -209,7 +211,8 @@ def _providers(engine: str):
     """(backend provider, column linear, row linear, fused norm+linear or None, norm)."""
     if engine == "megatron_local":
         return LocalSpecProvider(), ZklColumnParallelLinear, ZklRowParallelLinear, None, ZklRMSNorm
-    from megatron.core.models.backends import InferenceSpecProvider, TESpecProvider
+    from megatron.core.extensions.transformer_engine_spec_provider import TESpecProvider
+    from megatron.core.models.backends import InferenceSpecProvider
 
     backend = InferenceSpecProvider() if engine == "inference_optimized" else TESpecProvider()
     column = zkl_linear_class(backend.column_parallel_linear())
@@ -227,13 +230,12 @@ def _mlp_spec(model: ModelConfig, engine: str, moe: bool):
         submodules.linear_fc2 = row
         return spec
     if engine == "inference_optimized":
-        from megatron.core.models.gpt.moe_module_specs import get_inference_optimized_moe_spec
-
-        spec = get_inference_optimized_moe_spec()
-    else:
-        spec = get_mlp_module_spec_for_backend(
-            backend=backend, num_experts=model.num_experts, moe_grouped_gemm=False
-        )
+        # megatron-core's inference MoE (InferenceGroupedMLP) maps squared ReLU only: the
+        # gated-SiLU experts of zkl's MoE families take Transformer Engine's SequentialMLP.
+        backend, column, row, _, _ = _providers("transformer_engine")
+    spec = get_mlp_module_spec_for_backend(
+        backend=backend, num_experts=model.num_experts, moe_grouped_gemm=False
+    )
     experts = spec.keywords["submodules"].experts
     expert_mlp = getattr(experts, "keywords", {}).get("submodules")
     if expert_mlp is not None and hasattr(expert_mlp, "linear_fc1"):

@@ -1,0 +1,49 @@
+"""Build the Transformer Engine specs on a machine without a GPU, and check zero mode there.
+
+Transformer Engine's modules refuse to be made where `torch.cuda.is_available()` is false, yet
+in zero mode every slot runs zkl's kernels, so the TE and inference-optimized models can be
+built and run on the CPU when that question (and the device queries made while building)
+are answered as on an H100. This checks the spec code against the installed megatron-core
+and Transformer Engine before any GPU time: each engine's model is built for `tiny_dense`
+and `tiny_moe`, and its zero-mode logits must equal the native engine's bitwise.
+
+    python scripts/te_spec_check.py
+in Python 3.12 with zkl's dependencies, megatron-core and Transformer Engine: for instance
+scripts/stage_te.sh's .te_build/venv after `pip install --no-deps .whl/*.whl` (make-wheels.sh).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+torch.cuda.is_available = lambda: True
+torch.cuda.current_device = lambda: 0
+torch.cuda.get_device_capability = lambda *_: (9, 0)
+
+from zkl import invariance  # noqa: E402
+from zkl.megatron.model import build_megatron_model  # noqa: E402
+from zkl.models.build import build_model  # noqa: E402
+from zkl.run.compose import compose  # noqa: E402
+
+ENGINES = ("transformer_engine", "inference_optimized")
+MODELS = ("tiny_dense", "tiny_moe")
+
+
+def check(engine: str, model: str) -> bool:
+    cfg = compose([f"model={model}"]).model
+    tokens = torch.randint(0, cfg.vocab_size, (3, 12), generator=torch.Generator().manual_seed(1))
+    positions = torch.arange(12).expand(3, 12)
+    with invariance.enabled(invariance.FIXES), torch.no_grad():
+        mega = build_megatron_model(cfg, engine, torch.bfloat16, 0, "cpu")
+        native = build_model(cfg, torch.bfloat16, seed=0, device="cpu")
+        a, b = mega(tokens, positions), native(tokens, positions)
+    diff = (a.float() - b.float()).abs().max().item()
+    print(f"{engine:20s} {model:11s} zero mode, logits == native: {torch.equal(a, b)} (max {diff})")
+    return torch.equal(a, b)
+
+
+if __name__ == "__main__":
+    results = [check(engine, model) for engine in ENGINES for model in MODELS]
+    sys.exit(0 if all(results) else 1)

@@ -131,7 +131,12 @@ def test_engine_problem_sentences():
         linear_quant="none",
     )
     assert "device=cuda" in cpu
-    for msg in (old, missing, colo, cpu):
+    mx = {**common, "linear_quant": "mxfp8"}
+    te_mx = engine_problem("transformer_engine", "colocated", python=(3, 12), installed=yes, **mx)
+    assert "MXFP8 recipe needs compute capability 10.0" in te_mx and "+precision=bf16" in te_mx
+    local_mx = engine_problem("megatron_local", "colocated", python=(3, 12), installed=yes, **mx)
+    assert "bf16/fp32 recipes only;" in local_mx and "Transformer Engine" not in local_mx
+    for msg in (old, missing, colo, cpu, te_mx, local_mx):
         assert "\n" not in msg and msg.count(". ") == 0 and msg.endswith(".")
     assert engine_problem("native", "colocated", **common) is None
 

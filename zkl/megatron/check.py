@@ -65,8 +65,13 @@ def engine_problem(
     if entry is not None and not entry.megatron:
         return f"engine={engine} has no {model_family} mapping yet; use engine=native."
     if linear_quant != "none":
+        te_recipe = (
+            " (Transformer Engine's MXFP8 recipe needs compute capability 10.0 and is not wired in)"
+            if engine in TE_ENGINES
+            else ""
+        )
         return (
-            f"engine={engine} runs the bf16/fp32 recipes only; set +precision=bf16 or use "
-            f"engine=native for precision.linear_quant={linear_quant}."
+            f"engine={engine} runs the bf16/fp32 recipes only{te_recipe}; set +precision=bf16 "
+            f"or use engine=native for precision.linear_quant={linear_quant}."
         )
     return None

@@ -1,43 +1,82 @@
-"""Peer check: a megatron engine and native on the same weights (CUDA), printed as numbers.
+"""Peer check: a megatron engine, the native engine and transformers on the same weights (CUDA).
 
-Default mode: max |Δ logit| and max |Δ logprob| (each engine's own kernels); zero mode:
-whether the logprobs are bitwise equal (zkl's kernels in every slot of both).
-`python scripts/megatron_peer.py [ENGINE]` (megatron_local unless named) on a machine with
-CUDA and megatron-core (and Transformer Engine for its two engines).
+For each model: default mode, max |Δ logit| and max |Δ logprob| between the megatron engine
+and native (each its own kernels) and between each of them and transformers (the weights
+written as an HF checkpoint and read back by `AutoModelForCausalLM`), in bf16 and fp32; zero
+mode, whether the megatron engine's logprobs equal native's bitwise (zkl's kernels in every
+slot of both).
+
+    python scripts/megatron_peer.py [ENGINE] [--model "model=qwen2_5_1_5b" ...]
+ENGINE is megatron_local unless named; the models are tiny_dense and tiny_moe unless given,
+each as one string of overrides ("model=qwen3_30b_a3b model.num_hidden_layers=2"). Needs
+CUDA, megatron-core, transformers (and Transformer Engine for its two engines).
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+import tempfile
 
 import torch
+import transformers
 
 from zkl import invariance
 from zkl.megatron.model import build_megatron_model
 from zkl.models.build import build_model
+from zkl.models.hf_export import save_checkpoint
 from zkl.run.compose import compose
 from zkl.trainer.scoring import sequence_logprobs
 
+BATCH, SEQ = 8, 48
 
-def main(engine: str) -> None:
-    for name in ("tiny_dense", "tiny_moe"):
-        cfg = compose([f"model={name}"]).model
-        g = torch.Generator().manual_seed(0)
-        tokens = torch.randint(0, cfg.vocab_size, (8, 48), generator=g).cuda()
-        positions = torch.arange(48, device="cuda").expand(8, 48)
-        mega = build_megatron_model(cfg, engine, torch.bfloat16, 0, "cuda")
-        native = build_model(cfg, torch.bfloat16, seed=0, device="cuda")
-        for mode, fixes in (("default", ()), ("zero", invariance.FIXES)):
-            with invariance.enabled(fixes), torch.no_grad():
-                a, b = mega(tokens, positions).float(), native(tokens, positions).float()
-                la = sequence_logprobs(mega, tokens, 1.0)
-                lb = sequence_logprobs(native, tokens, 1.0)
-            print(
-                f"{engine} {name} {mode}: max|dlogit| {(a - b).abs().max().item():.3e} "
-                f"max|dlogprob| {(la - lb).abs().max().item():.3e} "
-                f"logprobs bitwise equal: {torch.equal(la, lb)}"
-            )
+
+def _hf(native: torch.nn.Module, dtype: torch.dtype, device: str) -> torch.nn.Module:
+    with tempfile.TemporaryDirectory() as where:
+        save_checkpoint(native, where)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
+    return hf.to(device).eval()
+
+
+def _gap(a: torch.Tensor, b: torch.Tensor) -> str:
+    return f"{(a.float() - b.float()).abs().max().item():.3e}"
+
+
+def compare(engine: str, overrides: list[str], device: str = "cuda") -> None:
+    cfg = compose(overrides).model
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(2, cfg.vocab_size, (BATCH, SEQ), generator=g).to(device)
+    positions = torch.arange(SEQ, device=device).expand(BATCH, SEQ)
+    name = " ".join(overrides)
+    for dtype in (torch.bfloat16, torch.float32):
+        label = f"{engine} {name} {str(dtype).removeprefix('torch.')}"
+        mega = build_megatron_model(cfg, engine, dtype, 0, device)
+        native = build_model(cfg, dtype, seed=0, device=device)
+        hf = _hf(native, dtype, device)
+        with invariance.enabled(()), torch.no_grad():
+            logits = {"megatron": mega(tokens, positions), "native": native(tokens, positions)}
+            logits["transformers"] = hf(tokens).logits
+            lp = {
+                k: sequence_logprobs(m, tokens, 1.0)
+                for k, m in (("megatron", mega), ("native", native))
+            }
+        pairs = (("megatron", "native"), ("megatron", "transformers"), ("native", "transformers"))
+        for a, b in pairs:
+            extra = f" max|dlogprob| {_gap(lp[a], lp[b])}" if b in lp else ""
+            gap = _gap(logits[a], logits[b])
+            print(f"{label} default {a} vs {b}: max|dlogit| {gap}{extra}")
+        with invariance.enabled(invariance.FIXES), torch.no_grad():
+            la, lb = sequence_logprobs(mega, tokens, 1.0), sequence_logprobs(native, tokens, 1.0)
+        print(f"{label} zero megatron vs native: logprobs bitwise equal: {torch.equal(la, lb)}")
+        del mega, native, hf
+        if device == "cuda":
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "megatron_local")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("engine", nargs="?", default="megatron_local")
+    parser.add_argument("--model", action="append", help="one model's overrides, space-separated")
+    parser.add_argument("--device", default="cuda")
+    args = parser.parse_args()
+    for model in args.model or ["model=tiny_dense", "model=tiny_moe"]:
+        compare(args.engine, model.split(), args.device)

@@ -9,9 +9,9 @@
 # the core wheel. The toolkit's headers for cuBLAS, cuDNN and NCCL come from torch's nvidia-*
 # wheels. Then the core, the extension and what `import transformer_engine.pytorch` needs beyond
 # the device's own packages go through ../shared/device/stage_wheels.sh.
-# On the device: call k runs `mkdir -p /tmp/stage && cp .tek/* /tmp/stage/`, the last also
-# `eval "$(bash /tmp/stage/unstage.sh)"`; import torch before transformer_engine (the core's
-# loader finds libnccl through torch's).
+# On the device: each call runs `mkdir -p /tmp/stage && cp .tek/* /tmp/stage/` for its folder,
+# in any order, and the last also `eval "$(bash /tmp/stage/unstage.sh)"`; import torch before
+# transformer_engine (the core's loader finds libnccl through torch's).
 set -euo pipefail
 TE=2.20.2
 TORCH=2.11.0

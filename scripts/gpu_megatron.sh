@@ -25,7 +25,7 @@ step() {  # step NAME SECONDS COMMAND...
 }
 
 step env 30 python3 -c "import sys, torch, megatron.core as m; print(sys.version, torch.__version__, m.__version__, torch.cuda.get_device_name())"
-[ "$ENGINE" = megatron_local ] || step te 30 python3 -c "import torch, transformer_engine as te, transformer_engine.pytorch; print('transformer_engine', te.__version__)"
+[ "$ENGINE" = megatron_local ] || step te 15 python3 -c "import torch, transformer_engine as te, transformer_engine.pytorch; print('transformer_engine', te.__version__)"
 # the must-shows first (a shared, time-boxed call may cut the tail): zero and default mode at
 # step 0, 10 GRPO steps colocated, the peer check, dedicated on one GPU (CUDA IPC)
 step cert_zero_step0 45 python3 -m zkl.cert $Q $M $BEDS hydra.run.dir="$OUT/cert_zero_step0"

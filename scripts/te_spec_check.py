@@ -5,7 +5,9 @@ in zero mode every slot runs zkl's kernels, so the TE and inference-optimized mo
 built and run on the CPU when that question (and the device queries made while building)
 are answered as on an H100. This checks the spec code against the installed megatron-core
 and Transformer Engine before any GPU time: each engine's model is built for `tiny_dense`
-and `tiny_moe`, and its zero-mode logits must equal the native engine's bitwise.
+and `tiny_moe`; its zero-mode logits must equal the native engine's bitwise, and zkl's
+scheduler over it (chunked prefill, continuous batching, decode over the KV cache) must
+give logprobs equal to scoring's bitwise.
 
     python scripts/te_spec_check.py
 in Python 3.12 with zkl's dependencies, megatron-core and Transformer Engine: for instance
@@ -23,9 +25,12 @@ torch.cuda.current_device = lambda: 0
 torch.cuda.get_device_capability = lambda *_: (9, 0)
 
 from zkl import invariance  # noqa: E402
+from zkl.generation.sampling import SamplingParams  # noqa: E402
+from zkl.generation.scheduler import Request, Scheduler  # noqa: E402
 from zkl.megatron.model import build_megatron_model  # noqa: E402
 from zkl.models.build import build_model  # noqa: E402
 from zkl.run.compose import compose  # noqa: E402
+from zkl.trainer.scoring import score  # noqa: E402
 
 ENGINES = ("transformer_engine", "inference_optimized")
 MODELS = ("tiny_dense", "tiny_moe")
@@ -41,7 +46,26 @@ def check(engine: str, model: str) -> bool:
         a, b = mega(tokens, positions), native(tokens, positions)
     diff = (a.float() - b.float()).abs().max().item()
     print(f"{engine:20s} {model:11s} zero mode, logits == native: {torch.equal(a, b)} (max {diff})")
-    return torch.equal(a, b)
+    generated = generated_equals_scored(mega, cfg.vocab_size)
+    print(f"{engine:20s} {model:11s} zero mode, generated logprobs == scored: {generated}")
+    return torch.equal(a, b) and generated
+
+
+def generated_equals_scored(model: torch.nn.Module, vocab_size: int) -> bool:
+    g = torch.Generator().manual_seed(2)
+    lengths = torch.randint(3, 20, (6,), generator=g).tolist()
+    requests = [
+        Request(
+            i,
+            torch.randint(2, vocab_size, (n,), generator=g).tolist(),
+            SamplingParams(max_new_tokens=8, seed=i),
+        )
+        for i, n in enumerate(lengths)
+    ]
+    with invariance.enabled(invariance.FIXES), torch.no_grad():
+        done = Scheduler(model, max_batch_size=4, eos_id=1, prefill_chunk=5).generate(requests)
+        scored = score(model, [c.prompt for c in done], [c.tokens for c in done])
+    return all(torch.equal(c.logprobs, s) for c, s in zip(done, scored))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ import torch
 
 from tests.conftest import SMALL, make_cfg
 from zkl import invariance
+from zkl.megatron.check import TE_ENGINES
+from zkl.megatron.mapping import ENGINES
 from zkl.models.build import build_model
 from zkl.rl.loop import run
 from zkl.trainer.scoring import sequence_logprobs
@@ -24,9 +26,7 @@ PEER_ATOL = 0.05
 PEER_RTOL = 0.05
 
 
-ENGINES = ("megatron_local", "transformer_engine", "inference_optimized")
-TE_ENGINES = ("transformer_engine", "inference_optimized")
-COLOCATED_ENGINES = ("megatron_local", "transformer_engine")
+COLOCATED_ENGINES = tuple(e for e in ENGINES if e != "inference_optimized")
 
 
 def _needs(engine: str) -> None:

@@ -222,6 +222,10 @@ def _providers(engine: str):
 
 
 def _mlp_spec(model: ModelConfig, engine: str, moe: bool):
+    if moe and engine == "inference_optimized":
+        # megatron-core's inference MoE (InferenceGroupedMLP) maps squared ReLU only: the
+        # gated-SiLU experts of zkl's MoE families take Transformer Engine's SequentialMLP.
+        engine = "transformer_engine"
     backend, column, row, fused, _ = _providers(engine)
     if not moe:
         spec = get_mlp_module_spec_for_backend(backend=backend, num_experts=None)
@@ -229,10 +233,6 @@ def _mlp_spec(model: ModelConfig, engine: str, moe: bool):
         submodules.linear_fc1 = fused or column
         submodules.linear_fc2 = row
         return spec
-    if engine == "inference_optimized":
-        # megatron-core's inference MoE (InferenceGroupedMLP) maps squared ReLU only: the
-        # gated-SiLU experts of zkl's MoE families take Transformer Engine's SequentialMLP.
-        backend, column, row, _, _ = _providers("transformer_engine")
     spec = get_mlp_module_spec_for_backend(
         backend=backend, num_experts=model.num_experts, moe_grouped_gemm=False
     )

@@ -5,9 +5,9 @@ in zero mode every slot runs zkl's kernels, so the TE and inference-optimized mo
 built and run on the CPU when that question (and the device queries made while building)
 are answered as on an H100. This checks the spec code against the installed megatron-core
 and Transformer Engine before any GPU time: each engine's model is built for `tiny_dense`
-and `tiny_moe`; its zero-mode logits must equal the native engine's bitwise, and zkl's
-scheduler over it (chunked prefill, continuous batching, decode over the KV cache) must
-give logprobs equal to scoring's bitwise.
+and `tiny_moe`, in bf16 and fp32 (the stricter oracle); its zero-mode logits must equal the
+native engine's bitwise, and zkl's scheduler over it (chunked prefill, continuous batching,
+decode over the KV cache) must give logprobs equal to scoring's bitwise.
 
     python scripts/te_spec_check.py
 in Python 3.12 with zkl's dependencies, megatron-core and Transformer Engine: for instance
@@ -38,17 +38,21 @@ MODELS = ("tiny_dense", "tiny_moe")
 
 def check(engine: str, model: str) -> bool:
     cfg = compose([f"model={model}"]).model
-    tokens = torch.randint(0, cfg.vocab_size, (3, 12), generator=torch.Generator().manual_seed(1))
-    positions = torch.arange(12).expand(3, 12)
-    with invariance.enabled(invariance.FIXES), torch.no_grad():
-        mega = build_megatron_model(cfg, engine, torch.bfloat16, 0, "cpu")
-        native = build_model(cfg, torch.bfloat16, seed=0, device="cpu")
-        a, b = mega(tokens, positions), native(tokens, positions)
-    diff = (a.float() - b.float()).abs().max().item()
-    print(f"{engine:20s} {model:11s} zero mode, logits == native: {torch.equal(a, b)} (max {diff})")
-    generated = generated_equals_scored(mega, cfg.vocab_size)
-    print(f"{engine:20s} {model:11s} zero mode, generated logprobs == scored: {generated}")
-    return torch.equal(a, b) and generated
+    tokens = torch.randint(0, cfg.vocab_size, (8, 48), generator=torch.Generator().manual_seed(1))
+    positions = torch.arange(48).expand(8, 48)
+    ok = True
+    for dtype in (torch.bfloat16, torch.float32):
+        with invariance.enabled(invariance.FIXES), torch.no_grad():
+            mega = build_megatron_model(cfg, engine, dtype, 0, "cpu")
+            native = build_model(cfg, dtype, seed=0, device="cpu")
+            a, b = mega(tokens, positions), native(tokens, positions)
+        diff = (a.float() - b.float()).abs().max().item()
+        label = f"{engine:20s} {model:11s} {str(dtype).removeprefix('torch.'):8s}"
+        print(f"{label} zero mode, logits == native: {torch.equal(a, b)} (max {diff})")
+        generated = generated_equals_scored(mega, cfg.vocab_size)
+        print(f"{label} zero mode, generated logprobs == scored: {generated}")
+        ok = ok and torch.equal(a, b) and generated
+    return ok
 
 
 def generated_equals_scored(model: torch.nn.Module, vocab_size: int) -> bool:

@@ -48,6 +48,9 @@ def transformer_config_kwargs(model: ModelConfig, compute_dtype: str) -> dict:
         "layernorm_epsilon": model.rms_norm_eps,
         "gated_linear_unit": True,
         "activation_func": "silu",
+        # The MLP takes its activation from the spec's slot (zkl's SwiGLU), not from
+        # `activation_func`; the flag's name is megatron's, no Transformer Engine is asked for.
+        "use_te_activation_func": True,
         "add_bias_linear": False,
         "add_qkv_bias": model.qkv_bias,
         "qk_layernorm": model.qk_norm,

@@ -29,6 +29,8 @@ from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.moe.moe_layer import MoELayer
+from megatron.core.transformer.moe.moe_utils import router_gating_linear
+from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
@@ -121,6 +123,24 @@ def zkl_linear_class(base: type) -> type:
     return type(f"Zkl{base.__name__}", (base,), {"forward": forward, "__doc__": base.__doc__})
 
 
+# -- the MLP's activation ----------------------------------------------------------------
+
+
+class ZklSwiGLU(torch.nn.Module):
+    """The MLP's activation slot (`MLPSubmodules.activation_func`, read with the config's
+    `use_te_activation_func`), dense and expert MLPs alike: fc1's [gate; up] through
+    `zkl.ops.silu_mul`, the one form native runs in every mode (no fix governs it). Megatron's
+    own `F.silu(gate) * up` rounds otherwise (a fused Triton pass on CUDA here), and on the CPU
+    by an element's place in its tensor."""
+
+    def __init__(self, config=None):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = torch.chunk(x, 2, dim=-1)
+        return ops.silu_mul(gate, up)
+
+
 # -- attention ---------------------------------------------------------------------------
 
 
@@ -173,6 +193,19 @@ class ZklCoreAttention(DotProductAttention):
 
 
 # -- MoE ---------------------------------------------------------------------------------
+
+
+class ZklTopKRouter(TopKRouter):
+    """Router slot, megatron's own routing. zkl's recipe keeps the router weight in fp32 where
+    megatron's casts it to the activations' dtype; megatron's gating GEMM (Transformer Engine's
+    where installed) takes one dtype, so the logits are computed as megatron's recipe does: the
+    weight in the activations' dtype, the output in `moe_router_dtype` when set."""
+
+    def gating(self, input: torch.Tensor) -> torch.Tensor:
+        out_dtype = {"fp32": torch.float32, "fp64": torch.float64}
+        router_dtype = out_dtype.get(self.config.moe_router_dtype, input.dtype)
+        bias = None if self.bias is None else self.bias.to(input.dtype)
+        return router_gating_linear(input, self.weight.to(input.dtype), bias, router_dtype)
 
 
 class ZklMoELayer(MoELayer):
@@ -232,14 +265,18 @@ def _mlp_spec(model: ModelConfig, engine: str, moe: bool):
         submodules = spec.keywords["submodules"]
         submodules.linear_fc1 = fused or column
         submodules.linear_fc2 = row
+        submodules.activation_func = ZklSwiGLU
         return spec
     spec = get_mlp_module_spec_for_backend(
         backend=backend, num_experts=model.num_experts, moe_grouped_gemm=False
     )
+    spec.keywords["submodules"].router = ZklTopKRouter
     experts = spec.keywords["submodules"].experts
     expert_mlp = getattr(experts, "keywords", {}).get("submodules")
-    if expert_mlp is not None and hasattr(expert_mlp, "linear_fc1"):
-        expert_mlp.linear_fc1, expert_mlp.linear_fc2 = column, row
+    if expert_mlp is None or not hasattr(expert_mlp, "linear_fc1"):
+        raise NotImplementedError(f"zkl's MoE slot needs per-expert MLPs, not {experts}")
+    expert_mlp.linear_fc1, expert_mlp.linear_fc2 = column, row
+    expert_mlp.activation_func = ZklSwiGLU
     return partial(ZklMoELayer, *spec.args, **spec.keywords)
 
 

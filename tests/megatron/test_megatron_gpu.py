@@ -93,3 +93,9 @@ def test_megatron_peer_of_native(model, engine):
         assert torch.equal(
             sequence_logprobs(mega, tokens, 0.7), sequence_logprobs(native, tokens, 0.7)
         )
+        # fp32, the stricter oracle: every slot zkl's (the MLP's SwiGLU too) or it shows
+        mega = build_megatron_model(cfg, engine, torch.float32, 0, DEV)
+        native = build_model(cfg, torch.float32, seed=0, device=DEV)
+        assert torch.equal(
+            sequence_logprobs(mega, tokens, 0.7), sequence_logprobs(native, tokens, 0.7)
+        )

@@ -197,9 +197,10 @@ class ZklCoreAttention(DotProductAttention):
 
 class ZklTopKRouter(TopKRouter):
     """Router slot, megatron's own routing. zkl's recipe keeps the router weight in fp32 where
-    megatron's casts it to the activations' dtype; megatron's gating GEMM (Transformer Engine's
-    where installed) takes one dtype, so the logits are computed as megatron's recipe does: the
-    weight in the activations' dtype, the output in `moe_router_dtype` when set."""
+    megatron's holds it in `params_dtype` (bf16 beside bf16 activations); megatron's gating GEMM
+    (Transformer Engine's where installed) takes one dtype, so the logits are computed as in
+    megatron's recipe: the weight in the activations' dtype, the output in `moe_router_dtype`
+    when set."""
 
     def gating(self, input: torch.Tensor) -> torch.Tensor:
         out_dtype = {"fp32": torch.float32, "fp64": torch.float64}

@@ -9,10 +9,12 @@
 #   extra  the peer check (megatron vs native vs transformers), the engine's GPU tests, and the
 #          experiment entry point on the MoE bed in both modes
 #   big    the 1.5B shape and the Qwen3-30B-A3B cut: 10 GRPO steps each, and the peer check
-#   bench  zkl.bench on the 1.5B for native, megatron_local and transformer_engine, one call
+#   bench  zkl.bench on the 1.5B for native and each megatron engine, one call (a bench cut by
+#          its bound keeps the rows it measured: batch 64 and the train step come first)
 # inference_optimized is a dedicated generator's engine: its beds take +layout=dedicated.
 # Every command is bounded by `timeout`; its log is "$OUT/<name>.log" and its exit code a
 # line of "$OUT/summary.txt". A stage's bounds, with the two checks before it, add to <= 540 s.
+# BOUND_SCALE=N multiplies every bound, for stages run side by side on one GPU.
 set -u
 OUT=${OUT:-gpu_megatron_out}
 mkdir -p "$OUT"
@@ -31,7 +33,7 @@ step() {  # step NAME SECONDS COMMAND...
   local name=$1 limit=$2
   shift 2
   echo "=== $(date +%T) $name: $*" >> "$OUT/summary.txt"
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  timeout "$((limit * ${BOUND_SCALE:-1}))" "$@" > "$OUT/$name.log" 2>&1
   echo "rc=$? $name" >> "$OUT/summary.txt"
 }
 
@@ -58,9 +60,10 @@ for stage in $STAGES; do
       ;;
     bench)
       B="python3 -m zkl.bench $Q device=cuda model=qwen2_5_1_5b task.name=residue"
-      step bench_native 160 $B engine=native hydra.run.dir="$OUT/bench_native"
-      step bench_megatron_local 160 $B engine=megatron_local hydra.run.dir="$OUT/bench_megatron_local"
-      step bench_transformer_engine 160 $B engine=transformer_engine hydra.run.dir="$OUT/bench_transformer_engine"
+      step bench_native 120 $B engine=native hydra.run.dir="$OUT/bench_native"
+      step bench_megatron_local 120 $B engine=megatron_local hydra.run.dir="$OUT/bench_megatron_local"
+      step bench_transformer_engine 120 $B engine=transformer_engine hydra.run.dir="$OUT/bench_transformer_engine"
+      step bench_inference_optimized 120 $B engine=inference_optimized +layout=dedicated hydra.run.dir="$OUT/bench_inference_optimized"
       ;;
   esac
 done

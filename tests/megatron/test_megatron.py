@@ -209,6 +209,36 @@ def test_megatron_engine_zero_on_cpu():
 
 
 @needs_megatron
+@pytest.mark.parametrize(
+    "positions, real",
+    [
+        (torch.arange(9).expand(3, 9), [9, 9, 9]),  # scoring: 0..T-1, rows right-padded
+        (  # a prefill chunk: starts 0, 5, 9; row 1 padded within the cache, row 2's pads
+            # clamped at the cache's last slot (12)
+            torch.tensor([[0, 1, 2, 3, 4, 5], [5, 6, 7, 8, 9, 10], [9, 10, 11, 12, 12, 12]]),
+            [6, 4, 3],
+        ),
+        (torch.tensor([[4], [0], [11]]), [1, 1, 1]),  # a decode step
+    ],
+    ids=["score", "prefill", "decode"],
+)
+def test_bottom_right_seqlens_give_zkls_causal_rule(positions, real):
+    """Transformer Engine's padded bottom-right causal mask, as the TE engines' default-mode
+    attention gives it the rows, shows each query that is read exactly the keys 0..p."""
+    from zkl.megatron.spec import bottom_right_seqlens
+
+    cu_q, cu_kv = bottom_right_seqlens(positions)
+    assert cu_q.dtype == cu_kv.dtype == torch.int32
+    q_len, kv_len = cu_q.diff(), cu_kv.diff()
+    keys = torch.arange(int(positions.max()) + 1)
+    for b, n in enumerate(real):
+        for i in range(n):  # TE: query i sees keys j < kv_len with j <= kv_len - q_len + i
+            assert i < q_len[b]
+            te = (keys < kv_len[b]) & (keys <= kv_len[b] - q_len[b] + i)
+            assert torch.equal(te, keys <= positions[b, i])
+
+
+@needs_megatron
 def test_default_router_hands_its_gemm_one_dtype(monkeypatch):
     """Transformer Engine's gating GEMM (megatron's wherever TE is installed) takes one input
     dtype; zkl's fp32 router weight beside bf16 activations is what cuBLASLt refused on the

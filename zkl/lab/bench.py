@@ -10,7 +10,8 @@ same run with buffers of the same size. The same Hydra config and overrides as
 `python -m zkl`. On CUDA a model without Mamba layers gets the table of `bench_cuda`
 instead (graphs, batch sizes, the train step, GEMMs, the roofline, transformers), or with
 `+layout=dedicated` the refit figures alone (the scheduler's kernels do not depend on the
-layout).
+layout), except for an engine that runs dedicated only (`engine=inference_optimized`), whose
+table this is.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from zkl.layouts.generator import build_generator
 from zkl.layouts.generator_setup import build_scheduler
 from zkl.layouts.refit import refit_payload
 from zkl.layouts.transport import BROADCAST
+from zkl.megatron.check import DEDICATED_ONLY_ENGINES
 from zkl.precision.recipes import DTYPES
 from zkl.rl.loop import make_requests
 from zkl.run.compose import to_object
@@ -111,7 +113,10 @@ def run_bench(cfg: BenchRunConfig, run_dir: str | Path) -> dict[str, float]:
         del policy  # each RL shape builds its own
         return run_rl(cfg, run_dir)
     if policy.model.embed_tokens.weight.is_cuda and not hybrid:
-        if cfg.layout.name == "dedicated":  # the scheduler's own table is the same in any layout
+        # The scheduler's own table is the same in any layout: a dedicated run gives the
+        # refit figures, unless its engine runs dedicated only (then the table is its one).
+        dedicated_only = cfg.engine.backend in DEDICATED_ONLY_ENGINES
+        if cfg.layout.name == "dedicated" and not dedicated_only:
             return write_result(measure_refit(cfg, policy, task.tokenizer.eos_id), run_dir)
         return run_cuda(policy.model, run_dir)
     _, requests = make_requests(cfg, task, step=0)

@@ -14,6 +14,7 @@ from zkl.models.registry import FAMILIES
 
 MIN_PYTHON = (3, 12)
 TE_ENGINES = ("transformer_engine", "inference_optimized")
+DEDICATED_ONLY_ENGINES = ("inference_optimized",)  # a dedicated generator's engine
 
 
 def _installed(package: str) -> bool:
@@ -54,7 +55,7 @@ def engine_problem(
             f"engine={engine} needs Transformer Engine, which is not installed; use "
             "engine=megatron_local (megatron-core modules only)."
         )
-    if engine == "inference_optimized" and layout != "dedicated":
+    if engine in DEDICATED_ONLY_ENGINES and layout != "dedicated":
         return (
             "engine=inference_optimized is for a dedicated generator only; use "
             "+layout=dedicated or engine=megatron_local."

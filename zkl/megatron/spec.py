@@ -7,8 +7,9 @@ megatron's code, zero mode is zkl's kernels, and `fixes.<name>=false` ablates on
 
 Core attention is always zkl's slot, because it is where zkl's KV cache plugs in: it applies
 zkl's rotary at each token's absolute position, writes K/V to the cache rows of the batch
-(`Step`), and attends over them, with megatron's `DotProductAttention` math when
-`attention_fixed_split` is off.
+(`Step`), and attends over them; with `attention_fixed_split` off, through the engine's own
+attention (megatron's `DotProductAttention` math; Transformer Engine's `DotProductAttention`
+on the TE engines).
 
 Imports megatron-core (Python >= 3.12); `zkl.megatron.check` runs first.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -144,8 +146,9 @@ class ZklSwiGLU(torch.nn.Module):
 # -- attention ---------------------------------------------------------------------------
 
 
-class ZklCoreAttention(DotProductAttention):
-    """Core attention over zkl's KV cache, at absolute positions (continuous batching).
+class CacheAttention:
+    """Core attention over zkl's KV cache, at absolute positions (continuous batching); mixed
+    into the engine's own core-attention class, whose attention `_engine_attention` runs.
 
     q/k/v arrive as megatron's [T, B, heads, D] before any rotary (the model is built with
     no megatron position embedding); the rotary is zkl's, so train and gen apply it alike.
@@ -173,7 +176,7 @@ class ZklCoreAttention(DotProductAttention):
         if step.cache is not None:  # K/V to the cache first; attention reads the rows' slots
             k, v = step.cache.update(self.layer_number - 1, step.slots, positions, k, v)
             kv_rows = step.slots
-        # A graph's step cannot read positions back, which megatron's own attention needs:
+        # A graph's step cannot read positions back, which the engine's own attention needs:
         # there the default path runs zkl's (flash-decoding on CUDA) instead.
         if ops.runs_invariant("attention") or fast.shapes_are_static(q.device):
             out = ops.attention(q, k, v, positions, kv_rows)  # [B, H, T, D]
@@ -182,14 +185,77 @@ class ZklCoreAttention(DotProductAttention):
             k, v = k[kv_rows], v[kv_rows]
         num_keys = int(positions.max().item()) + 1
         k, v = k[:, :, :num_keys], v[:, :, :num_keys]
-        masked = torch.arange(num_keys, device=q.device) > positions.unsqueeze(-1)  # [B, T, K]
-        return super().forward(
-            q.permute(2, 0, 1, 3),
-            k.permute(2, 0, 1, 3),
-            v.permute(2, 0, 1, 3),
+        return self._engine_attention(
+            *(t.permute(2, 0, 1, 3) for t in (q, k, v)), positions
+        )  # [T, B, H * D]
+
+    def _engine_attention(self, q, k, v, positions):
+        """q [T, B, H, D], k/v [K, B, Hkv, D] (key j at position j) -> [T, B, H * D]."""
+        raise NotImplementedError
+
+
+class ZklCoreAttention(CacheAttention, DotProductAttention):
+    """The local spec's slot: with `attention_fixed_split` off, megatron's
+    `DotProductAttention` math over the visible keys with an explicit mask."""
+
+    def _engine_attention(self, q, k, v, positions):
+        masked = torch.arange(k.shape[0], device=q.device) > positions.unsqueeze(-1)  # [B, T, K]
+        return DotProductAttention.forward(
+            self,
+            q,
+            k,
+            v,
             masked.unsqueeze(1),  # [B, 1, T, K], True = not visible (megatron's convention)
             attn_mask_type=AttnMaskType.arbitrary,
         )
+
+
+def bottom_right_seqlens(positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cu_seqlens_q, cu_seqlens_kv) [B + 1] int32 that make a bottom-right causal mask over
+    padded rows equal zkl's rule (a query at position p sees keys 0..p) for every query
+    whose output is read.
+
+    zkl's rows hold consecutive positions, right-padded: scoring's 0..T-1, a prefill chunk's
+    start..start+T-1 with its pads clamped at the cache's last slot (never a real token's),
+    a decode step's one position. Row b's keys are 0..max(positions[b]); its queries are
+    those up to the first at that maximum. Computed on the device (no host read).
+    """
+    last = positions.max(dim=1, keepdim=True).values  # [B, 1]
+    kv_len = last[:, 0] + 1
+    q_len = positions.shape[1] - (positions == last).sum(dim=1) + 1
+    zero = positions.new_zeros(1)
+    return tuple(torch.cat([zero, n.cumsum(0)]).to(torch.int32) for n in (q_len, kv_len))  # type: ignore[return-value]
+
+
+def te_core_attention_class(base: type) -> type:
+    """`ZklCoreAttention` over Transformer Engine's `base` (megatron's `TEDotProductAttention`):
+    with `attention_fixed_split` off, TE's own attention (cuDNN's fused kernel where it
+    serves) runs over the visible keys, as a bottom-right causal mask over padded rows
+    (`bottom_right_seqlens`)."""
+
+    from transformer_engine.pytorch import DotProductAttention as TEAttention
+
+    def _engine_attention(self, q, k, v, positions):
+        cu_q, cu_kv = bottom_right_seqlens(positions)
+        # TE's own forward: megatron's wrapper names its masks by megatron's AttnMaskType,
+        # which has no padded bottom-right causal mask.
+        out = TEAttention.forward(
+            self,
+            *(t.contiguous() for t in (q, k, v)),
+            qkv_format="sbhd",
+            cu_seqlens_q=cu_q,
+            cu_seqlens_kv=cu_kv,
+            max_seqlen_q=q.shape[0],
+            max_seqlen_kv=k.shape[0],
+            attn_mask_type="padding_causal_bottom_right",
+        )
+        return out.reshape(q.shape[0], q.shape[1], -1)
+
+    return type(
+        f"ZklCore{base.__name__}",
+        (CacheAttention, base),
+        {"_engine_attention": _engine_attention, "__doc__": te_core_attention_class.__doc__},
+    )
 
 
 # -- MoE ---------------------------------------------------------------------------------
@@ -241,18 +307,39 @@ class ZklMoELayer(MoELayer):
 # -- the spec ----------------------------------------------------------------------------
 
 
-def _providers(engine: str):
-    """(backend provider, column linear, row linear, fused norm+linear or None, norm)."""
+class Providers(NamedTuple):
+    """The modules of one engine's spec, zkl's subclasses of its backend's."""
+
+    backend: object  # megatron's spec provider
+    column: type
+    row: type
+    fused: type | None  # norm + column linear in one module (TE), or None
+    norm: type
+    core_attention: type
+
+
+def _providers(engine: str) -> Providers:
     if engine == "megatron_local":
-        return LocalSpecProvider(), ZklColumnParallelLinear, ZklRowParallelLinear, None, ZklRMSNorm
+        return Providers(
+            LocalSpecProvider(),
+            ZklColumnParallelLinear,
+            ZklRowParallelLinear,
+            None,
+            ZklRMSNorm,
+            ZklCoreAttention,
+        )
     from megatron.core.extensions.transformer_engine_spec_provider import TESpecProvider
     from megatron.core.models.backends import InferenceSpecProvider
 
     backend = InferenceSpecProvider() if engine == "inference_optimized" else TESpecProvider()
-    column = zkl_linear_class(backend.column_parallel_linear())
-    row = zkl_linear_class(backend.row_parallel_linear())
-    fused = zkl_linear_class(backend.column_parallel_layer_norm_linear())
-    return backend, column, row, fused, ZklRMSNorm
+    return Providers(
+        backend,
+        zkl_linear_class(backend.column_parallel_linear()),
+        zkl_linear_class(backend.row_parallel_linear()),
+        zkl_linear_class(backend.column_parallel_layer_norm_linear()),
+        ZklRMSNorm,
+        te_core_attention_class(backend.core_attention()),
+    )
 
 
 def _mlp_spec(model: ModelConfig, engine: str, moe: bool):
@@ -260,7 +347,7 @@ def _mlp_spec(model: ModelConfig, engine: str, moe: bool):
         # megatron-core's inference MoE (InferenceGroupedMLP) maps squared ReLU only: the
         # gated-SiLU experts of zkl's MoE families take Transformer Engine's SequentialMLP.
         engine = "transformer_engine"
-    backend, column, row, fused, _ = _providers(engine)
+    backend, column, row, fused, _, _ = _providers(engine)
     if not moe:
         spec = get_mlp_module_spec_for_backend(backend=backend, num_experts=None)
         submodules = spec.keywords["submodules"]
@@ -283,7 +370,7 @@ def _mlp_spec(model: ModelConfig, engine: str, moe: bool):
 
 def layer_spec(model: ModelConfig, engine: str, step: Step, moe: bool) -> ModuleSpec:
     """One TransformerLayer spec with zkl's modules in every slot (docs/megatron.md's table)."""
-    _, column, row, fused, norm = _providers(engine)
+    _, column, row, fused, norm, core_attention = _providers(engine)
     qk_norm = norm if model.qk_norm else IdentityOp
     # MoE layers keep a separate pre-MLP norm (megatron's TE spec does the same).
     pre_mlp = norm if (fused is None or moe) else IdentityOp
@@ -296,7 +383,7 @@ def layer_spec(model: ModelConfig, engine: str, step: Step, moe: bool) -> Module
                 params={"attn_mask_type": AttnMaskType.causal},
                 submodules=SelfAttentionSubmodules(
                     linear_qkv=fused or column,
-                    core_attention=partial(ZklCoreAttention, step=step),
+                    core_attention=partial(core_attention, step=step),
                     linear_proj=row,
                     q_layernorm=qk_norm,
                     k_layernorm=qk_norm,

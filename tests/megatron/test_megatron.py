@@ -239,6 +239,21 @@ def test_bottom_right_seqlens_give_zkls_causal_rule(positions, real):
 
 
 @needs_megatron
+@pytest.mark.parametrize("name", ["tiny_dense", "tiny_moe"])
+def test_megatron_model_exports_natives_hf_weights(name):
+    """Checkpoint export (and the bench's transformers row) reads megatron's weights back
+    under native names: the same HF tensors as the native model built from the same seed."""
+    from zkl.megatron.model import build_megatron_model
+    from zkl.models.hf_export import hf_state_dict
+
+    cfg = model_cfg(name)
+    mega = hf_state_dict(build_megatron_model(cfg, "megatron_local", torch.float32, 0, "cpu"))
+    native = hf_state_dict(build_model(cfg, torch.float32, seed=0))
+    assert mega.keys() == native.keys()
+    assert all(torch.equal(mega[k], native[k]) for k in native)
+
+
+@needs_megatron
 def test_default_router_hands_its_gemm_one_dtype(monkeypatch):
     """Transformer Engine's gating GEMM (megatron's wherever TE is installed) takes one input
     dtype; zkl's fp32 router weight beside bf16 activations is what cuBLASLt refused on the

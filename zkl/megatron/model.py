@@ -26,7 +26,12 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from zkl import ops
 from zkl.distributed import ranks
-from zkl.megatron.mapping import gpt_model_kwargs, to_megatron, transformer_config_kwargs
+from zkl.megatron.mapping import (
+    from_megatron,
+    gpt_model_kwargs,
+    to_megatron,
+    transformer_config_kwargs,
+)
 from zkl.megatron.spec import Step, block_spec
 from zkl.models.causal_lm import CausalLM
 from zkl.models.config import ModelConfig
@@ -96,6 +101,11 @@ class MegatronLM(CausalLM):
             return ops.linear(x, weight, None)
         logits, _ = output_layer(x, weight=output_weight, runtime_gather_output=True)
         return logits
+
+    def native_state_dict(self) -> dict[str, torch.Tensor]:
+        """GPTModel's weights under zkl's native names (`mapping.from_megatron`)."""
+        state = {k: v for k, v in self.gpt.state_dict().items() if not k.endswith("_extra_state")}
+        return from_megatron(state, self.cfg, self.backend)
 
     def logits(self, tokens, positions, cache, slots, logit_index, routes=None) -> torch.Tensor:
         """GPTModel's forward with the step's positions and cache set for its layers. Its MoE

@@ -46,6 +46,11 @@ class CausalLM(nn.Module):
         """
         return self.logits(tokens, positions, cache, slots, logit_index, routes)
 
+    def native_state_dict(self) -> dict[str, torch.Tensor]:
+        """The weights under zkl's native names, which checkpoint export reads; a model whose
+        framework names its parameters otherwise maps them back."""
+        return self.state_dict()
+
     def check_positions(self, positions: int, needed_by: str) -> None:
         """ConfigError when `positions` pass the model's position limit: the engine asks the
         model, so the rule stays with the model's config and generation imports no model code."""

@@ -55,7 +55,7 @@ def hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     cfg = model.cfg
     return {
         (name if name.startswith("lm_head") else f"model.{name}"): t
-        for name, t in to_hf(model.state_dict(), cfg).items()
+        for name, t in to_hf(model.native_state_dict(), cfg).items()
         if not (cfg.tie_word_embeddings and name == "lm_head.weight")
     }
 

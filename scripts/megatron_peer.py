@@ -12,8 +12,10 @@ each as one string of overrides ("model=qwen3_30b_a3b model.num_hidden_layers=2"
 CUDA, megatron-core, transformers (and Transformer Engine for its two engines).
 
 Exit status 1 unless, for every model: the bf16 default logits of the megatron engine are
-within atol PEER_ATOL + rtol PEER_RTOL of native's and of transformers' (the GPU test's
-tolerance), and zero mode's logprobs equal native's bitwise in bf16 and fp32.
+within the peer tolerance of native's and of transformers': atol PEER_ATOL + rtol PEER_RTOL
+(the GPU test's, for the tiny models) or a max |Δ logit| of at most PEER_SPREAD times native's
+from transformers at the same shape, whichever is looser; and zero mode's logprobs equal
+native's bitwise in bf16 and fp32.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ from zkl.trainer.scoring import sequence_logprobs
 
 BATCH, SEQ = 8, 48
 PEER_ATOL = PEER_RTOL = 0.05
+# Two independent bf16 implementations of the same weights, native and transformers, show how
+# far bf16 kernels drift apart at a shape (0.15 at the 1.5B, 0.35 at the MoE cut on an H100);
+# the megatron engine may drift up to this multiple of that.
+PEER_SPREAD = 1.25
 
 
 def _hf(native: torch.nn.Module, dtype: torch.dtype, device: str) -> torch.nn.Module:
@@ -42,8 +48,12 @@ def _hf(native: torch.nn.Module, dtype: torch.dtype, device: str) -> torch.nn.Mo
     return hf.to(device).eval()
 
 
-def _gap(a: torch.Tensor, b: torch.Tensor) -> str:
-    return f"{(a.float() - b.float()).abs().max().item():.3e}"
+def _gap(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.float() - b.float()).abs().max().item()
+
+
+def _gap_str(a: torch.Tensor, b: torch.Tensor) -> str:
+    return f"{_gap(a, b):.3e}"
 
 
 def compare(engine: str, overrides: list[str], device: str = "cuda") -> bool:
@@ -67,12 +77,13 @@ def compare(engine: str, overrides: list[str], device: str = "cuda") -> bool:
                 for k, m in (("megatron", mega), ("native", native))
             }
         pairs = (("megatron", "native"), ("megatron", "transformers"), ("native", "transformers"))
+        gaps = {(a, b): _gap(logits[a], logits[b]) for a, b in pairs}
         for a, b in pairs:
-            extra = f" max|dlogprob| {_gap(lp[a], lp[b])}" if b in lp else ""
-            gap = _gap(logits[a], logits[b])
-            print(f"{label} default {a} vs {b}: max|dlogit| {gap}{extra}")
+            extra = f" max|dlogprob| {_gap_str(lp[a], lp[b])}" if b in lp else ""
+            print(f"{label} default {a} vs {b}: max|dlogit| {gaps[a, b]:.3e}{extra}")
             if dtype == torch.bfloat16 and a == "megatron":
-                close = torch.allclose(
+                spread = PEER_SPREAD * gaps["native", "transformers"]
+                close = gaps[a, b] <= spread or torch.allclose(
                     logits[a].float(), logits[b].float(), atol=PEER_ATOL, rtol=PEER_RTOL
                 )
                 print(f"{label} default {a} vs {b}: within the peer tolerance: {close}")

@@ -225,7 +225,7 @@ def test_megatron_engine_zero_on_cpu():
 def test_bottom_right_seqlens_give_zkls_causal_rule(positions, real):
     """Transformer Engine's padded bottom-right causal mask, as the TE engines' default-mode
     attention gives it the rows, shows each query that is read exactly the keys 0..p."""
-    from zkl.megatron.spec import bottom_right_seqlens
+    from zkl.megatron.attention import bottom_right_seqlens
 
     cu_q, cu_kv = bottom_right_seqlens(positions)
     assert cu_q.dtype == cu_kv.dtype == torch.int32

@@ -26,13 +26,14 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from zkl import ops
 from zkl.distributed import ranks
+from zkl.megatron.attention import Step
 from zkl.megatron.mapping import (
     from_megatron,
     gpt_model_kwargs,
     to_megatron,
     transformer_config_kwargs,
 )
-from zkl.megatron.spec import Step, block_spec
+from zkl.megatron.spec import block_spec
 from zkl.models.causal_lm import CausalLM
 from zkl.models.config import ModelConfig
 from zkl.models.hf_checkpoint import load_state_dict

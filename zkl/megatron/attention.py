@@ -113,14 +113,15 @@ def bottom_right_seqlens(positions: torch.Tensor) -> tuple[torch.Tensor, torch.T
     kv_len = last[:, 0] + 1
     q_len = positions.shape[1] - (positions == last).sum(dim=1) + 1
     zero = positions.new_zeros(1)
-    return tuple(torch.cat([zero, n.cumsum(0)]).to(torch.int32) for n in (q_len, kv_len))  # type: ignore[return-value]
+    cu_q, cu_kv = (torch.cat([zero, n.cumsum(0)]).to(torch.int32) for n in (q_len, kv_len))
+    return cu_q, cu_kv
 
 
 def te_core_attention_class(base: type) -> type:
-    """`ZklCoreAttention` over Transformer Engine's `base` (megatron's `TEDotProductAttention`):
-    with `attention_fixed_split` off, TE's own attention (cuDNN's fused kernel where it
-    serves) runs over the visible keys, as a bottom-right causal mask over padded rows
-    (`bottom_right_seqlens`)."""
+    """`CacheAttention` mixed into Transformer Engine's `base` (megatron's
+    `TEDotProductAttention`): with `attention_fixed_split` off, TE's own attention (cuDNN's
+    fused kernel where it serves) runs over the visible keys, as a bottom-right causal mask
+    over padded rows (`bottom_right_seqlens`)."""
 
     from transformer_engine.pytorch import DotProductAttention as TEAttention
 

@@ -52,10 +52,6 @@ def _gap(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.float() - b.float()).abs().max().item()
 
 
-def _gap_str(a: torch.Tensor, b: torch.Tensor) -> str:
-    return f"{_gap(a, b):.3e}"
-
-
 def compare(engine: str, overrides: list[str], device: str = "cuda") -> bool:
     """Print the gaps; whether the model meets the module docstring's bar."""
     cfg = compose(overrides).model
@@ -79,7 +75,7 @@ def compare(engine: str, overrides: list[str], device: str = "cuda") -> bool:
         pairs = (("megatron", "native"), ("megatron", "transformers"), ("native", "transformers"))
         gaps = {(a, b): _gap(logits[a], logits[b]) for a, b in pairs}
         for a, b in pairs:
-            extra = f" max|dlogprob| {_gap_str(lp[a], lp[b])}" if b in lp else ""
+            extra = f" max|dlogprob| {_gap(lp[a], lp[b]):.3e}" if b in lp else ""
             print(f"{label} default {a} vs {b}: max|dlogit| {gaps[a, b]:.3e}{extra}")
             if dtype == torch.bfloat16 and a == "megatron":
                 spread = PEER_SPREAD * gaps["native", "transformers"]

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.conftest import make_cfg
+from tests.megatron import mixed_length_requests
 from zkl import invariance
 from zkl.errors import ConfigError
 from zkl.megatron.check import engine_problem
@@ -184,21 +185,12 @@ def test_megatron_zero_mode_equals_native_on_cpu(name, dtype):
 @needs_megatron
 def test_megatron_engine_zero_on_cpu():
     """zkl's scheduler over the megatron model: generated logprobs == scored, bit for bit."""
-    from zkl.generation.sampling import SamplingParams
-    from zkl.generation.scheduler import Request, Scheduler
+    from zkl.generation.scheduler import Scheduler
     from zkl.megatron.model import build_megatron_model
     from zkl.trainer.scoring import score
 
     cfg = model_cfg("tiny_moe")
-    g = torch.Generator().manual_seed(1)
-    requests = [
-        Request(
-            i,
-            torch.randint(2, 60, (int(n),), generator=g).tolist(),
-            SamplingParams(max_new_tokens=5, seed=i),
-        )
-        for i, n in enumerate(torch.randint(3, 20, (6,), generator=g))
-    ]
+    requests = mixed_length_requests(60, max_new_tokens=5)
     with invariance.enabled(invariance.FIXES):
         model = build_megatron_model(cfg, "megatron_local", torch.bfloat16, 0, "cpu")
         scheduler = Scheduler(model, max_batch_size=4, eos_id=1, prefill_chunk=5)

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from tests.conftest import SMALL, make_cfg
+from tests.megatron import mixed_length_requests
 from zkl import invariance
-from zkl.megatron.check import TE_ENGINES
+from zkl.megatron.check import DEDICATED_ONLY_ENGINES, TE_ENGINES
 from zkl.megatron.mapping import ENGINES
 from zkl.models.build import build_model
 from zkl.rl.loop import run
@@ -26,7 +27,7 @@ PEER_ATOL = 0.05
 PEER_RTOL = 0.05
 
 
-COLOCATED_ENGINES = tuple(e for e in ENGINES if e != "inference_optimized")
+COLOCATED_ENGINES = tuple(e for e in ENGINES if e not in DEDICATED_ONLY_ENGINES)
 
 
 def _needs(engine: str) -> None:
@@ -36,7 +37,7 @@ def _needs(engine: str) -> None:
 
 def _cfg(model: str, *extra: str, engine: str = "megatron_local"):
     _needs(engine)
-    layout = ["+layout=dedicated"] if engine == "inference_optimized" else []
+    layout = ["+layout=dedicated"] if engine in DEDICATED_ONLY_ENGINES else []
     return make_cfg(f"model={model}", f"engine={engine}", "device=cuda", *SMALL, *layout, *extra)
 
 
@@ -107,8 +108,7 @@ def test_te_attention_serves_default_mode_over_the_cache(engine, monkeypatch):
     `DotProductAttention`, on the train path and over zkl's cache (chunked prefill, continuous
     batching, decode), eager: generated logprobs within PEER_ATOL of scored ones, which a
     wrong mask would break by far more."""
-    from zkl.generation.sampling import SamplingParams
-    from zkl.generation.scheduler import Request, Scheduler
+    from zkl.generation.scheduler import Scheduler
     from zkl.megatron.model import build_megatron_model
     from zkl.trainer.scoring import score
 
@@ -121,15 +121,7 @@ def test_te_attention_serves_default_mode_over_the_cache(engine, monkeypatch):
         TEAttention, "forward", lambda self, *a, **k: calls.append(1) or te_forward(self, *a, **k)
     )
     cfg = make_cfg("model=tiny_dense").model
-    g = torch.Generator().manual_seed(1)
-    requests = [
-        Request(
-            i,
-            torch.randint(2, cfg.vocab_size, (int(n),), generator=g).tolist(),
-            SamplingParams(max_new_tokens=6, seed=i),
-        )
-        for i, n in enumerate(torch.randint(3, 20, (6,), generator=g))
-    ]
+    requests = mixed_length_requests(cfg.vocab_size, max_new_tokens=6)
     with invariance.enabled(()), torch.no_grad():
         model = build_megatron_model(cfg, engine, torch.bfloat16, 0, DEV)
         scheduler = Scheduler(

@@ -57,7 +57,7 @@ def engine_problem(
         )
     if engine in DEDICATED_ONLY_ENGINES and layout != "dedicated":
         return (
-            "engine=inference_optimized is for a dedicated generator only; use "
+            f"engine={engine} is for a dedicated generator only; use "
             "+layout=dedicated or engine=megatron_local."
         )
     if not on_cuda:

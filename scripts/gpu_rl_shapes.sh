@@ -4,11 +4,14 @@
 # long-context run of the dense 1.5B (8k prompts, 8k responses, zero mode, graphs on, 3 steps:
 # every step must be exactly 0). Both keep one layer's activations at a time
 # (trainer.activation_checkpointing) and prefill 2048 tokens of a row at a time, so they fit
-# an 80 GB GPU.   OUT=/some/dir bash scripts/gpu_rl_shapes.sh   (BENCH_S, LONG_S bound the stages;
-# STAGES="bench long" narrows it)
+# an 80 GB GPU. The tail stage is the RL tail without activation checkpointing: the 1.5B with
+# 6,000-token prompts, 6 rollouts, 300 new tokens, graphs on, the update one sequence a
+# backward (rl.update_micro_batch=1), 3 steps, beside its memory plan.
+#   OUT=/some/dir bash scripts/gpu_rl_shapes.sh   (BENCH_S, LONG_S, TAIL_S bound the stages;
+#   STAGES="bench long tail" narrows it)
 set -uo pipefail
 OUT=${OUT:-gpu_out}
-STAGES=${STAGES:-"bench long"}
+STAGES=${STAGES:-"bench long tail"}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 Q="tracking.wandb.mode=disabled tracking.progress=false checkpoint.save=false"
@@ -29,4 +32,14 @@ if [[ " $STAGES " == *" long "* ]]; then
     engine.max_batch_size=16 engine.cuda_graphs=on rl.score_micro_batch=2 rl.num_minibatches=16 \
     rl.lr=1e-4 hydra.run.dir="$OUT/long_8k_8k" > "$OUT/long_8k_8k.log" 2>&1
   echo "long run rc=$?" >> "$OUT/long_8k_8k.log"
+fi
+if [[ " $STAGES " == *" tail "* ]]; then
+  TAIL="model=qwen2_5_1_5b task.name=residue task.min_prompt_len=5968 task.max_prompt_len=5968
+    sampling.max_new_tokens=300 sampling.ignore_eos=true rl.prompts_per_step=1
+    rl.samples_per_prompt=6 engine.max_batch_size=6 engine.cuda_graphs=on
+    rl.update_micro_batch=1 rl.steps=3 rl.lr=1e-4"
+  python3 scripts/memory_plan.py $TAIL > "$OUT/tail_6k.log" 2>&1
+  timeout "${TAIL_S:-240}" python3 -m zkl $Q device=cuda $TAIL hydra.run.dir="$OUT/tail_6k" \
+    >> "$OUT/tail_6k.log" 2>&1
+  echo "tail run rc=$?" >> "$OUT/tail_6k.log"
 fi

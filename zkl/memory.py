@@ -46,11 +46,12 @@ ADVICE = {
     "prefix cache": "lower engine.prefix_cache_blocks",
     "rotary tables": "lower model.max_position_embeddings",
     "scoring logits": "set rl.score_micro_batch, or lower rl.prompts_per_step or model.vocab_size",
-    "update activations": "raise rl.num_minibatches, or lower rl.prompts_per_step, "
-    "sampling.max_new_tokens or model.vocab_size",
+    "update activations": "set rl.update_micro_batch (sequences a backward takes at once; "
+    "one optimizer step a minibatch still), raise rl.num_minibatches, or lower "
+    "rl.prompts_per_step, sampling.max_new_tokens or model.vocab_size",
     "generation activations": "lower engine.max_batch_size",
-    "Mamba chunk scan": "set rl.score_micro_batch, or lower rl.prompts_per_step or "
-    "rl.samples_per_prompt",
+    "Mamba chunk scan": "set rl.score_micro_batch and rl.update_micro_batch, or lower "
+    "rl.prompts_per_step or rl.samples_per_prompt",
     "rollout records": "lower rl.prompts_per_step or rl.samples_per_prompt",
     "processes": "free memory on this machine",
     "offloaded shards": "set trainer.offload=false, or raise trainer.world_size over more "
@@ -180,6 +181,8 @@ def estimate(cfg: Any, positions: int) -> dict[str, float]:
     samples = rl.prompts_per_step * rl.samples_per_prompt
     scored = rl.score_micro_batch or samples
     minibatch = math.ceil(samples / rl.num_minibatches)
+    # the sequences one forward and backward of the update hold at once
+    piece = min(minibatch, rl.update_micro_batch) if rl.update_micro_batch else minibatch
     # CUDA's fused logprob kernel keeps no fp32 copy of the logits.
     fused = on_cuda(cfg) and "batch_invariant_reductions" in fixes
     score_bytes, update_bytes = (c, 2 * c) if fused else (c + 8, c + 12)
@@ -190,12 +193,12 @@ def estimate(cfg: Any, positions: int) -> dict[str, float]:
         # the train path makes the logits LOGIT_TOKENS at a time (trainer/scoring)
         "scoring logits": float(min(scored * positions, LOGIT_TOKENS) * m.vocab_size * score_bytes),
         "update activations": float(
-            minibatch * positions * _kept_per_token(cfg, c, layer_token)
-            + mamba_saved_bytes(cfg, minibatch, positions)
-            + min(minibatch * positions, LOGIT_TOKENS) * m.vocab_size * update_bytes
+            piece * positions * _kept_per_token(cfg, c, layer_token)
+            + mamba_saved_bytes(cfg, piece, positions)
+            + min(piece * positions, LOGIT_TOKENS) * m.vocab_size * update_bytes
         ),
         # the trainer's forwards; the scheduler prefills a hybrid one request at a time
-        "Mamba chunk scan": mamba_scan_bytes(m, max(scored, minibatch), positions),
+        "Mamba chunk scan": mamba_scan_bytes(m, max(scored, piece), positions),
         "rollout records": float(samples * positions * RECORD_BYTES_PER_TOKEN),
         "processes": PROCESS_BYTES * (1 + dedicated),
     }

@@ -1,7 +1,9 @@
 """Attention rows of the CUDA bench: zero mode's attention against PyTorch's flash (SDPA).
 
 "zkl" is what zero mode runs (`zkl.ops.cuda.attention`: flash-attn-4 where it serves this
-device, else zkl's Triton kernels); the Triton kernels' own rows stand beside it ("triton").
+device, else zkl's Triton kernels); the Triton kernels' own rows stand beside it ("triton"),
+and the default path's ("default": the fastest form measured for the shape,
+`zkl.ops.fastest_attention`, named in its `default_form` row).
 
 Shapes are the Qwen2.5-1.5B layer's (12 query heads, 2 KV heads, head dim 128, bf16):
 - the scoring forward, and forward + backward, at T = 2k, 8k, 16k (about 16k tokens a call);
@@ -20,7 +22,7 @@ import torch.nn.functional as F
 
 from zkl import invariance
 from zkl.lab.timing import cuda_time, graph_time
-from zkl.ops import cuda, fa4
+from zkl.ops import cuda, fa4, fastest_attention
 from zkl.ops.triton import attention as attn
 
 HEADS, KV_HEADS, HEAD_DIM = 12, 2, 128
@@ -69,6 +71,11 @@ def _form(q: torch.Tensor) -> str:
     return "flash-attn-4" if fa4.serves(q.shape[-1], q.dtype, q.device) else "triton"
 
 
+def _default_form(kind: str, batch: int, num_q: int, keys: int, grad: bool = False) -> str:
+    """The form the default path measured fastest for this row's shape."""
+    return fastest_attention.chosen().get((kind, batch, num_q, keys, grad), "unmeasured")
+
+
 def forward_rows(seqs: tuple[int, ...] = SEQS) -> dict[str, object]:
     out: dict[str, object] = {}
     zero = frozenset(invariance.FIXES)
@@ -83,6 +90,11 @@ def forward_rows(seqs: tuple[int, ...] = SEQS) -> dict[str, object]:
             triton_s = cuda_time(
                 lambda q=q, k=k, v=v, p=pos: attn.attention(q, k, v, p), repeats=10
             )
+        with torch.no_grad():
+            default_s = cuda_time(
+                lambda q=q, k=k, v=v, p=pos: cuda.attention_default(q, k, v, p), repeats=10
+            )
+        with invariance.enabled(zero), torch.no_grad():
             name, sdpa_s = _fastest(
                 _sdpa_forms(q.contiguous(), k, v, True), lambda f: cuda_time(f, repeats=10)
             )
@@ -98,6 +110,8 @@ def forward_rows(seqs: tuple[int, ...] = SEQS) -> dict[str, object]:
         out[f"{key}/sdpa_form"] = name
         out[f"{key}/zkl_over_sdpa_speed"] = sdpa_s / zkl_s
         out[f"{key}/triton_over_sdpa_speed"] = sdpa_s / triton_s
+        out[f"{key}/default_over_sdpa_speed"] = sdpa_s / default_s
+        out[f"{key}/default_form"] = _default_form("forward", batch, seq, seq)
         if seq in TILE_SEQS:  # every candidate tile, whatever its bits: the data for choosing
             for cand in attn.PREFILL_TILES:
                 name_t = f"{cand.rows}w{cand.warps}{'n' if cand.nested else 'f'}"
@@ -117,9 +131,17 @@ def forward_rows(seqs: tuple[int, ...] = SEQS) -> dict[str, object]:
             name: (lambda f=f: f().sum().backward())
             for name, f in _sdpa_forms(qg, kg, vg, True).items()
         }
+
+        def default_step(qg=qg, kg=kg, vg=vg, pos=pos) -> None:
+            cuda.attention_default(qg, kg, vg, pos).sum().backward()
+
         zkl_s = cuda_time(zkl_step, repeats=5)
+        default_s = cuda_time(default_step, repeats=5)
         name, sdpa_s = _fastest(forms, lambda f: cuda_time(f, repeats=5))
         out[f"attn/fwd_bwd/T{seq}/zkl_over_sdpa_speed"] = sdpa_s / zkl_s
+        out[f"attn/fwd_bwd/T{seq}/default_over_sdpa_speed"] = sdpa_s / default_s
+        form = _default_form("forward", batch, seq, seq, grad=True)
+        out[f"attn/fwd_bwd/T{seq}/default_form"] = form
         out[f"attn/fwd_bwd/T{seq}/sdpa_form"] = name
         torch.cuda.empty_cache()
     return out
@@ -156,6 +178,7 @@ def decode_rows(
             out[f"{key}/zkl_over_sdpa_speed"] = sdpa_s / zkl_s
             out[f"{key}/triton_over_sdpa_speed"] = sdpa_s / triton_s
             out[f"{key}/default_over_sdpa_speed"] = sdpa_s / default_s
+            out[f"{key}/default_form"] = _default_form("decode", batch, 1, ctx)
             reference = F.scaled_dot_product_attention(
                 qc, *cache, enable_gqa=True
             )  # the same maths, another order: close, not equal

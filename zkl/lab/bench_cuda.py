@@ -41,6 +41,7 @@ from zkl.lab.workload import (
     TRAIN_SEQS,
     bench_requests,
 )
+from zkl.ops import fastest_attention
 from zkl.precision.recipes import weight_cache
 from zkl.trainer.scoring import sequence_logprobs
 
@@ -117,7 +118,12 @@ def run_cuda_bench(
     `checkpoint(partial)` is called after each section, so a run cut short by a time limit
     still leaves the rows it measured.
     """
-    save = checkpoint or (lambda partial: None)
+    keep = checkpoint or (lambda partial: None)
+
+    def save(partial: dict) -> None:
+        partial["default/attention_forms"] = attention_forms()
+        keep(partial)
+
     moe = bool(model.cfg.num_experts)
     batches = batches or (MOE_BATCHES if moe else BATCHES)
     out: dict[str, object] = {
@@ -148,7 +154,17 @@ def run_cuda_bench(
         if batch != first_batch:
             _generation_rows(out, model, batch, bandwidth)
             save(out)
+    out["default/attention_forms"] = attention_forms()
     return out
+
+
+def attention_forms() -> str:
+    """Which attention the default path ran at each shape it met (`fastest_attention`)."""
+    chosen = fastest_attention.chosen()
+    return "; ".join(
+        f"{kind} b{batch} q{num_q} keys{keys}{' grad' if grad else ''}: {name}"
+        for (kind, batch, num_q, keys, grad), name in sorted(chosen.items())
+    )
 
 
 def _hf_rows(out: dict, model: torch.nn.Module, batch: int) -> dict[str, object]:

@@ -90,14 +90,14 @@ TABLE: dict[str, Op] = {
         REDUCTIONS,
         cpu_fast=fast.rms_norm,
         cpu_invariant=invariant.rms_norm,
-        cuda_fast=fast.rms_norm,
+        cuda_fast=_Cuda("rms_norm_default"),  # one fused pass a row, as fast engines run it
         cuda_invariant=_Cuda("rms_norm"),
     ),
     "add_rms_norm": Op(
         REDUCTIONS,
         cpu_fast=fast.add_rms_norm,
         cpu_invariant=invariant.add_rms_norm,
-        cuda_fast=fast.add_rms_norm,
+        cuda_fast=_Cuda("add_rms_norm_default"),  # the residual add fused into the norm
         cuda_invariant=_Cuda("add_rms_norm"),
     ),
     "softmax": Op(
@@ -120,7 +120,7 @@ TABLE: dict[str, Op] = {
         "attention_fixed_split",
         cpu_fast=fast.attention,  # SDPA
         cpu_invariant=invariant.attention,
-        cuda_fast=_Cuda("attention_default"),  # flash for scoring, flash-decoding for decode
+        cuda_fast=_Cuda("attention_default"),  # the fastest measured: SDPA, flash-attn-4, Triton
         cuda_invariant=_Cuda("attention"),
     ),
     # No fix governs the rest: each device's one form serves every mode (CUDA's fused passes

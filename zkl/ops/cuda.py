@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from zkl.ops import fa4, fast
+from zkl.ops import fa4, fast, fastest_attention
 from zkl.ops.ssd import decays
 from zkl.ops.triton import attention as triton_attention
 from zkl.ops.triton import fused
@@ -19,11 +19,12 @@ from zkl.ops.triton.commit import commit_samples
 from zkl.ops.triton.fused import rotary_into_cache, silu_mul
 from zkl.ops.triton.gemm import linear
 from zkl.ops.triton.grouped_gemm import grouped_linear, grouped_linear_default
-from zkl.ops.triton.rowwise import rms_norm, softmax, token_logprobs
+from zkl.ops.triton.rowwise import rms_norm, rms_norm_default, softmax, token_logprobs
 from zkl.ops.triton.sampling import gumbel_argmax
 
 __all__ = [
     "add_rms_norm",
+    "add_rms_norm_default",
     "attention",
     "attention_default",
     "commit_samples",
@@ -32,6 +33,7 @@ __all__ = [
     "gumbel_argmax",
     "linear",
     "rms_norm",
+    "rms_norm_default",
     "rotary",
     "rotary_into_cache",
     "silu_mul",
@@ -54,6 +56,18 @@ def add_rms_norm(
         total = x + delta
         return total, rms_norm(total, weight, eps)
     return fused.add_rms_norm(x, delta, weight, eps)
+
+
+def add_rms_norm_default(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The default path's: the same fused pass contracted as a fast engine compiles it (a
+    row-wise norm needs no fix; fast engines fuse the residual add into it); with a
+    gradient, the add, then `rms_norm_default`."""
+    if _wants_grad(x, delta):
+        total = x + delta
+        return total, rms_norm_default(total, weight, eps)
+    return fused.add_rms_norm(x, delta, weight, eps, fp_fusion=True)
 
 
 def attention(
@@ -82,13 +96,10 @@ def attention_default(
     window: int = 0,
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """What a fast engine runs: PyTorch's SDPA for scoring and the train forward (as a
-    trainer does); for the scheduler's cache, flash-attn-4 where it runs (with the split count
-    its own heuristic picks: one on Hopper), else zkl's default Triton path."""
-    if kv_rows is not None and fa4.usable(q.shape[-1], q.dtype, q.device):
-        splits = fa4.own_splits(q.device)
-        return fa4.attention(q, k, v, q_pos, kv_rows, window=window, sinks=sinks, num_splits=splits)
-    return triton_attention.attention_default(q, k, v, q_pos, kv_rows, window=window, sinks=sinks)
+    """What a fast engine runs: the fastest attention this device has for the call's shape
+    (SDPA, flash-attn-4 with its own splits, zkl's default Triton kernels), measured once
+    per shape (`zkl.ops.fastest_attention`)."""
+    return fastest_attention.attention(q, k, v, q_pos, kv_rows, window=window, sinks=sinks)
 
 
 def rotary(

@@ -156,15 +156,21 @@ def attention(
     back to the host: the mask then spans the whole cache instead of the keys up to the
     last position.
     """
-    if kv_rows is not None:
-        k, v = k[kv_rows], v[kv_rows]
     if sinks is not None:
+        if kv_rows is not None:
+            k, v = k[kv_rows], v[kv_rows]
         return attention_with_sinks(q, k, v, q_pos, sinks, window)
-    enable_gqa = q.shape[1] != k.shape[1]
-    if not shapes_are_static(q.device):
-        num_q = q.shape[2]
-        num_keys = int(q_pos.max().item()) + 1
+    static = shapes_are_static(q.device)
+    # the keys up to the batch's last position (the whole buffer where nothing may be read
+    # back), each row's cache slot gathered only after that cut
+    num_keys = k.shape[2] if static else int(q_pos.max().item()) + 1
+    if kv_rows is not None:
+        k, v = k[kv_rows, :, :num_keys], v[kv_rows, :, :num_keys]
+    else:
         k, v = k[:, :, :num_keys], v[:, :, :num_keys]
+    enable_gqa = q.shape[1] != k.shape[1]
+    if not static:
+        num_q = q.shape[2]
         starts_at_zero = bool((q_pos == torch.arange(num_q, device=q.device)).all())
         if starts_at_zero and num_keys == num_q and not 0 < window < num_keys:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=enable_gqa)

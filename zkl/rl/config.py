@@ -37,6 +37,9 @@ class RLConfig:
     grad_clip: float = 1.0
     num_minibatches: int = 1
     score_micro_batch: int = 0  # 0: the whole rollout in one scoring forward
+    # sequences a forward and backward of the update take at once; their gradients add up to
+    # the minibatch's, still one optimizer step a minibatch (0: the whole minibatch at once)
+    update_micro_batch: int = 0
     # Validation accuracy (greedy, through the generator) before every val_every-th step and
     # the last one; 0: off. val_prompts caps the validation problems (0: the whole split).
     val_every: int = 0
@@ -61,8 +64,9 @@ def check(rl: RLConfig) -> None:
     """One sentence naming the rl.* key that the loop or AdamW would fail on later."""
     for key in ("steps", "prompts_per_step", "samples_per_prompt", "lr", "num_minibatches"):
         positive(getattr(rl, key), f"rl.{key}")
-    if rl.score_micro_batch < 0:
-        raise ConfigError(f"rl.score_micro_batch={rl.score_micro_batch} must be >= 0.")
+    for key in ("score_micro_batch", "update_micro_batch"):
+        if getattr(rl, key) < 0:
+            raise ConfigError(f"rl.{key}={getattr(rl, key)} must be >= 0 (0: all at once).")
     if rl.clip_eps <= 0 or rl.grad_clip <= 0 or rl.kl_coef < 0:
         raise ConfigError("rl.clip_eps and rl.grad_clip must be positive and rl.kl_coef >= 0.")
     if rl.warn_untrained_after < 0:

@@ -78,6 +78,14 @@ def minibatch_edges(count: int, num_minibatches: int) -> list[tuple[int, int]]:
     return list(zip(edges[:-1], edges[1:]))
 
 
+def micro_batch_edges(lo: int, hi: int, size: int) -> list[tuple[int, int]]:
+    """[a, b) of the pieces of sequences lo..hi a forward and backward take at once:
+    `size` each (`rl.update_micro_batch`; 0: the whole range in one piece)."""
+    if size <= 0 or hi - lo <= size:
+        return [(lo, hi)]
+    return [(a, min(a + size, hi)) for a in range(lo, hi, size)]
+
+
 def minibatch(batch: UpdateBatch, lo: int, hi: int, device: torch.device) -> Minibatch:
     """Sequences lo..hi of `batch`, padded and laid out on `device`."""
     tokens, mask = pad_sequences(batch.prompts[lo:hi], batch.responses[lo:hi])

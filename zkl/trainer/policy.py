@@ -23,7 +23,7 @@ from zkl.generation.routes import mismatch_metrics
 from zkl.models.hf_weights_check import warn_random_weights
 from zkl.precision.fp16 import DynamicLossScaler
 from zkl.precision.recipes import DTYPES
-from zkl.trainer.batch import UpdateBatch, minibatch, minibatch_edges
+from zkl.trainer.batch import UpdateBatch, micro_batch_edges, minibatch, minibatch_edges
 from zkl.trainer.scoring import score, sequence_logprobs
 from zkl.trainer.update import LossFn, update_stats
 from zkl.trainer.weights import weight_digests
@@ -147,13 +147,21 @@ class Policy(abc.ABC):
         losses: list[list[float]] = []
         grad_norms: list[float] = []
         for lo, hi in minibatch_edges(len(batch.prompts), self.cfg.rl.num_minibatches):
-            loss, loss_stats = self._loss(batch, lo, hi)
             self.optimizer.zero_grad(set_to_none=True)
             for p in self.params:
                 p.grad = None
-            (loss if self.scaler is None else self.scaler.scale_loss(loss)).backward()
+            lo, hi, num_tokens = self._share(batch, lo, hi)
+            pieces = micro_batch_edges(lo, hi, self.cfg.rl.update_micro_batch)
+            if len(pieces) > 1 and num_tokens is None:  # every piece's mean over them all
+                num_tokens = sum(len(r) for r in batch.responses[lo:hi])
+            row: list[float] = []
+            for a, b in pieces:  # the pieces' gradients add up in the parameters' .grad
+                loss, loss_stats = self._loss(batch, a, b, num_tokens)
+                (loss if self.scaler is None else self.scaler.scale_loss(loss)).backward()
+                values = [loss.item(), *loss_stats.values()]
+                row = [x + y for x, y in zip(row, values, strict=True)] if row else values
             grad_norm, update_sq = self._step(update_sq)
-            losses.append([loss.item(), *loss_stats.values()])
+            losses.append(row)
             grad_norms.append(grad_norm)
         self.version += 1
         names, width = list(loss_stats), 1 + len(loss_stats)
@@ -167,10 +175,10 @@ class Policy(abc.ABC):
         stats["weights/changed_tensors"] = self._changed_tensors(before)
         return stats
 
-    def _loss(self, batch: UpdateBatch, lo: int, hi: int):
-        """The loss of this rank's share of minibatch lo..hi, and its stats."""
+    def _loss(self, batch: UpdateBatch, lo: int, hi: int, num_tokens: int | None):
+        """The loss of sequences lo..hi (this rank's, or a piece of them) and its stats, its
+        mean over `num_tokens` response tokens (None: the rows' own)."""
         assert self.loss_fn is not None, "a policy built without a loss_fn only scores"
-        lo, hi, num_tokens = self._share(batch, lo, hi)
         mb = minibatch(batch, lo, hi, self.device)
         logprobs = sequence_logprobs(self.model, mb.tokens, mb.temperatures, mb.routes)
         ref = None

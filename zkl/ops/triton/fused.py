@@ -279,9 +279,10 @@ def _add_rms_norm_kernel(
 
 
 def add_rms_norm(
-    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, fp_fusion: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + delta, rms_norm(x + delta)) in one pass: forward only (the gen path's)."""
+    """(x + delta, rms_norm(x + delta)) in one pass: forward only (the gen path's).
+    `fp_fusion`: the default path's contraction (`rowwise.rms_norm_forward`)."""
     if x.shape != delta.shape or x.dtype != delta.dtype:
         raise ValueError(f"add_rms_norm needs x and delta alike, got {x.shape} and {delta.shape}")
     dim = x.shape[-1]
@@ -303,6 +304,6 @@ def add_rms_norm(
             eps,
             BLOCK=triton.next_power_of_2(dim),
             num_warps=NORM_WARPS,
-            enable_fp_fusion=False,  # one rounding per operation (docs/gpu.md)
+            enable_fp_fusion=fp_fusion,  # zero mode: one rounding per operation (docs/gpu.md)
         )
     return total.reshape(x.shape), out.reshape(x.shape)

@@ -52,7 +52,11 @@ def row_matrix(x: torch.Tensor) -> torch.Tensor:
     return rows if rows.stride(-1) == 1 else rows.contiguous()
 
 
-def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm_forward(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, fp_fusion: bool = False
+) -> torch.Tensor:
+    """One program a row. `fp_fusion` lets the compiler contract mul + add (the default
+    path's, as a fast engine compiles it); zero mode's rounds once per operation."""
     dim = x.shape[-1]
     rows = row_matrix(x)
     out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
@@ -68,17 +72,17 @@ def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch
             eps,
             BLOCK=block,
             num_warps=NORM_WARPS,
-            enable_fp_fusion=False,  # one rounding per operation (docs/gpu.md)
+            enable_fp_fusion=fp_fusion,  # zero mode: one rounding per operation (docs/gpu.md)
         )
     return out.reshape(x.shape)
 
 
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, eps):
+    def forward(ctx, x, weight, eps, fp_fusion):
         ctx.save_for_backward(x, weight)
         ctx.eps = eps
-        return rms_norm_forward(x, weight, eps)
+        return rms_norm_forward(x, weight, eps, fp_fusion)
 
     @staticmethod
     def backward(ctx, grad):
@@ -87,14 +91,23 @@ class _RMSNorm(torch.autograd.Function):
             xd, wd = x.detach().requires_grad_(), weight.detach().requires_grad_()
             out = _rms_norm_eager(xd, wd, ctx.eps)
             gx, gw = torch.autograd.grad(out, (xd, wd), grad)
-        return gx, gw, None
+        return gx, gw, None, None
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim: fp32 statistics, output in x's dtype."""
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, fp_fusion: bool = False
+) -> torch.Tensor:
+    """RMSNorm over the last dim: fp32 statistics, output in x's dtype; differentiable
+    (PyTorch's backward on the saved input)."""
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
-        return _RMSNorm.apply(x, weight, eps)
-    return rms_norm_forward(x, weight, eps)
+        return _RMSNorm.apply(x, weight, eps, fp_fusion)
+    return rms_norm_forward(x, weight, eps, fp_fusion)
+
+
+def rms_norm_default(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The default path's RMSNorm: the same one-program-a-row pass, contracted as a fast
+    engine compiles it (a row-wise norm needs no invariance fix; fast engines fuse it)."""
+    return rms_norm(x, weight, eps, fp_fusion=True)
 
 
 @triton.jit

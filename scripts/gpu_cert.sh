@@ -10,7 +10,7 @@
 # hybrid:    the Nemotron cut (one layer of each kind) and tiny_hybrid, every precision and kv
 #            mode, step-0 and 10 steps, and tiny_hybrid's bench
 # compare:   the tiny CPU default and the same run on CUDA side by side
-# nccl:      on nvidia-h200-x2, the generator on the second GPU (layout.backend=nccl): the
+# nccl:      on nvidia-h200-x2, the generator on the second GPU (layout.transport=nccl): the
 #            multi-GPU tests, 10-step 1.5B beds, default mode, refit GB/s against the NCCL peak
 # Each stage fits one device call (10 minutes); the megatron engine has scripts/gpu_megatron.sh.
 set -uo pipefail
@@ -18,7 +18,7 @@ OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 Q="tracking.wandb.mode=disabled tracking.progress=false"
-BIG="checkpoint.save=false device=cuda task.name=residue engine.max_batch_size=64 sampling.max_new_tokens=16 rl.lr=1e-4"
+BIG="checkpoint.save=false device=cuda task.name=residue scheduler.max_batch_size=64 sampling.max_new_tokens=16 rl.lr=1e-4"
 M15="model=qwen2_5_1_5b"
 M30="model=qwen3_30b_a3b model.num_hidden_layers=4"
 NH="model=nemotron3_nano_30b_a3b model.num_hidden_layers=3 model.hybrid_override_pattern=M*E"
@@ -75,7 +75,7 @@ compare)
 nccl)
   nvidia-smi -L
   log pytest; timeout 240 python3 -m pytest -m gpu -q -rfE tests/layouts/test_multi_gpu.py 2>&1 | tail -20
-  N="+layout=dedicated layout.backend=nccl device=cuda:0 $M15 cert.models=[qwen2_5_1_5b]"
+  N="+layout=dedicated layout.transport=nccl device=cuda:0 $M15 cert.models=[qwen2_5_1_5b]"
   cert /tmp/n15 $BIG $N $ALL cert.steps=10
   cert /tmp/n15d $BIG $N cert.steps=2 zero_train_gen_mismatch=false
   log bench; timeout 300 python3 -m zkl.bench $Q $BIG $N hydra.run.dir=/tmp/nb

@@ -42,7 +42,7 @@ log "python -m zkl model.checkpoint=$CKPT task=dataset ($STEPS steps, device=$DE
 timeout 900 python3 -m zkl model.checkpoint="$CKPT" task=dataset \
   task.path=tests/testdata/arith_train.jsonl task.val_path=tests/testdata/arith_val.jsonl \
   task.prompt_key=question task.chat_template=true task._target_=user_rewards:ShapedMathTask \
-  rl.steps="$STEPS" rl.val_every=5 rl.lr=1e-4 sampling.max_new_tokens=16 engine.max_batch_size=64 checkpoint.save=false \
+  rl.steps="$STEPS" rl.val_every=5 rl.lr=1e-4 sampling.max_new_tokens=16 scheduler.max_batch_size=64 checkpoint.save=false \
   device="$DEVICE" tracking.wandb.mode=disabled tracking.progress=false \
   hydra.run.dir="$RUN" ${EXTRA:-} 2>&1 | tee -a "$OUT/gpu_dataset_run.log"
 

@@ -16,7 +16,7 @@ ARMS=${ARMS:-"colocated:recompute colocated:persist dedicated:recompute dedicate
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 Q="tracking.wandb.mode=disabled tracking.progress=false checkpoint.save=false"
-R="device=cuda task.name=residue engine.cuda_graphs=on engine.max_batch_size=64 rl.lr=1e-4"
+R="device=cuda task.name=residue scheduler.cuda_graphs=on scheduler.max_batch_size=64 rl.lr=1e-4"
 bash scripts/gpu_env.sh "$OUT"
 # the model overrides of a family: windows of 32 (Mistral, gpt-oss) shorter than the prompts
 cut() {

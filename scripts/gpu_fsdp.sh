@@ -15,7 +15,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false NCCL_NVLS_ENABLE=0
 Q="tracking.progress=false checkpoint.save=false"
 COMMON="device=cuda model=qwen2_5_1_5b task.name=residue tracking.wandb.mode=disabled"
-BIG="$COMMON engine.max_batch_size=64 sampling.max_new_tokens=16 rl.lr=1e-4"
+BIG="$COMMON scheduler.max_batch_size=64 sampling.max_new_tokens=16 rl.lr=1e-4"
 log() { echo "=== $(date +%T) $*"; }
 zkl() { local dir=$1; shift; log "zkl $*"; timeout 600 python3 -m zkl $Q "$@" hydra.run.dir="$dir"; }
 ranks() { local n=$1 dir=$2; shift 2; log "torchrun x$n zkl $*"
@@ -89,17 +89,17 @@ for d in sys.argv[2:]:
 PY
   if [ "$GPUS" -ge 8 ]; then  # the full-depth bed (48 layers); docs/distributed.md's plan
     python3 scripts/memory_plan.py model=qwen3_30b_a3b trainer.world_size=8 trainer.offload=true \
-      task.name=residue engine.max_batch_size=64 | tee "$OUT/plan_30b.txt"
+      task.name=residue scheduler.max_batch_size=64 | tee "$OUT/plan_30b.txt"
     ranks 8 /tmp/m_30b device=cuda model=qwen3_30b_a3b task.name=residue tracking.wandb.mode=disabled \
-      trainer.offload=true engine.max_batch_size=64 sampling.max_new_tokens=16 rl.lr=1e-4 rl.steps=6
+      trainer.offload=true scheduler.max_batch_size=64 sampling.max_new_tokens=16 rl.lr=1e-4 rl.steps=6
     summary /tmp/m_30b | tee "$OUT/30b.jsonl"
   elif [ "$GPUS" -ge 4 ]; then  # the deepest cut the estimate says fits on 4
     for layers in 48 32 24 16; do
       if python3 scripts/memory_plan.py model=qwen3_30b_a3b model.num_hidden_layers=$layers \
-          trainer.world_size=4 trainer.offload=true task.name=residue engine.max_batch_size=64 \
+          trainer.world_size=4 trainer.offload=true task.name=residue scheduler.max_batch_size=64 \
           | tee "$OUT/plan_30b_$layers.txt" | awk '/per GPU/ {exit !($3 < 130)}'; then
         ranks 4 /tmp/m_30b device=cuda model=qwen3_30b_a3b model.num_hidden_layers=$layers \
-          task.name=residue tracking.wandb.mode=disabled trainer.offload=true engine.max_batch_size=64 \
+          task.name=residue tracking.wandb.mode=disabled trainer.offload=true scheduler.max_batch_size=64 \
           sampling.max_new_tokens=16 rl.lr=1e-4 rl.steps=6
         summary /tmp/m_30b | tee "$OUT/30b.jsonl"; break
       fi

@@ -38,12 +38,12 @@ echo "dense rc=$?" >> "$OUT/dense_b64.log"
 }
 wants hybrid && {
 NH="model=nemotron3_nano_30b_a3b model.num_hidden_layers=3 model.hybrid_override_pattern=M*E"
-NHRUN="$Q $NH device=cuda task.name=residue engine.cuda_graphs=on checkpoint.save=false"
+NHRUN="$Q $NH device=cuda task.name=residue scheduler.cuda_graphs=on checkpoint.save=false"
 timeout "${HYBRID_S:-90}" python3 -m zkl $NHRUN rl.steps=10 rl.prompts_per_step=4 \
   sampling.max_new_tokens=16 hydra.run.dir=/tmp/nh10 > "$OUT/nemotron_10.log" 2>&1
 echo "nemotron run rc=$?" >> "$OUT/nemotron_10.log"
 python3 -c "import json;[print({k:v for k,v in json.loads(l).items() if 'logprob' in k or 'kl' in k or 'peak' in k or k=='step'}) for l in open('/tmp/nh10/metrics.jsonl')]" >> "$OUT/nemotron_10.log" 2>&1
-timeout "${HYBRID_S:-90}" python3 -m zkl.bench $NHRUN rl.prompts_per_step=8 rl.samples_per_prompt=8 engine.max_batch_size=64 \
+timeout "${HYBRID_S:-90}" python3 -m zkl.bench $NHRUN rl.prompts_per_step=8 rl.samples_per_prompt=8 scheduler.max_batch_size=64 \
   sampling.max_new_tokens=64 hydra.run.dir=/tmp/nhbench > "$OUT/nemotron_bench.log" 2>&1
 echo "nemotron bench rc=$?" >> "$OUT/nemotron_bench.log"
 }

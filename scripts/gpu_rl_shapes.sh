@@ -15,7 +15,7 @@ STAGES=${STAGES:-"bench long tail"}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 Q="tracking.wandb.mode=disabled tracking.progress=false checkpoint.save=false"
-FIT="trainer.activation_checkpointing=true engine.prefill_chunk=2048"
+FIT="trainer.activation_checkpointing=true scheduler.prefill_chunk=2048"
 bash scripts/gpu_env.sh "$OUT"
 if [[ " $STAGES " == *" bench "* ]]; then
   timeout "${BENCH_S:-330}" python3 -m zkl.bench $Q $FIT device=cuda model=qwen2_5_1_5b \
@@ -29,14 +29,14 @@ if [[ " $STAGES " == *" long "* ]]; then
   timeout "${LONG_S:-230}" python3 -m zkl $Q $FIT device=cuda model=qwen2_5_1_5b task.name=residue \
     task.min_prompt_len=8160 task.max_prompt_len=8160 sampling.max_new_tokens=8192 \
     sampling.ignore_eos=true rl.steps=3 rl.prompts_per_step=2 rl.samples_per_prompt=8 \
-    engine.max_batch_size=16 engine.cuda_graphs=on rl.score_micro_batch=2 rl.num_minibatches=16 \
+    scheduler.max_batch_size=16 scheduler.cuda_graphs=on rl.score_micro_batch=2 rl.num_minibatches=16 \
     rl.lr=1e-4 hydra.run.dir="$OUT/long_8k_8k" > "$OUT/long_8k_8k.log" 2>&1
   echo "long run rc=$?" >> "$OUT/long_8k_8k.log"
 fi
 if [[ " $STAGES " == *" tail "* ]]; then
   TAIL="model=qwen2_5_1_5b task.name=residue task.min_prompt_len=5968 task.max_prompt_len=5968
     sampling.max_new_tokens=300 sampling.ignore_eos=true rl.prompts_per_step=1
-    rl.samples_per_prompt=6 engine.max_batch_size=6 engine.cuda_graphs=on
+    rl.samples_per_prompt=6 scheduler.max_batch_size=6 scheduler.cuda_graphs=on
     rl.update_micro_batch=1 rl.steps=3 rl.lr=1e-4"
   python3 scripts/memory_plan.py $TAIL > "$OUT/tail_6k.log" 2>&1
   timeout "${TAIL_S:-240}" python3 -m zkl $Q device=cuda $TAIL hydra.run.dir="$OUT/tail_6k" \

@@ -13,7 +13,7 @@ NEW=${NEW:-128}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 Q="tracking.wandb.mode=disabled tracking.progress=false checkpoint.save=false"
-COMMON="device=cuda task.name=residue engine.max_batch_size=64 engine.cuda_graphs=on rl.lr=1e-4
+COMMON="device=cuda task.name=residue scheduler.max_batch_size=64 scheduler.cuda_graphs=on rl.lr=1e-4
   rl.num_minibatches=4 rl.score_micro_batch=16 sampling.max_new_tokens=$NEW rl.steps=$STEPS"
 DENSE="model=qwen2_5_1_5b"
 MOE="model=qwen3_30b_a3b model.num_hidden_layers=2 zero_train_gen_mismatch=false"

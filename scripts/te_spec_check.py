@@ -25,6 +25,7 @@ torch.cuda.current_device = lambda: 0
 torch.cuda.get_device_capability = lambda *_: (9, 0)
 
 from zkl import invariance  # noqa: E402
+from zkl.engines import TRANSFORMER_ENGINE, megatron_engines  # noqa: E402
 from zkl.generation.sampling import SamplingParams  # noqa: E402
 from zkl.generation.scheduler import Request, Scheduler  # noqa: E402
 from zkl.megatron.model import build_megatron_model  # noqa: E402
@@ -32,7 +33,8 @@ from zkl.models.build import build_model  # noqa: E402
 from zkl.run.compose import compose  # noqa: E402
 from zkl.trainer.scoring import score  # noqa: E402
 
-ENGINES = ("transformer_engine", "inference_optimized")
+# the engines built on Transformer Engine, from the registry
+ENGINES = [e.name for e in megatron_engines() if TRANSFORMER_ENGINE in e.needs]
 MODELS = ("tiny_dense", "tiny_moe")
 
 

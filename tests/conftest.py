@@ -45,14 +45,10 @@ SMALL = ["rl.prompts_per_step=4", "rl.samples_per_prompt=4"]
 def small_model(moe: bool = False, seed: int = 3) -> torch.nn.Module:
     """The schema's default-sized Qwen3 (or a 4-expert Qwen3-MoE) in bf16, seeded."""
     from zkl.models.build import build_model
-    from zkl.models.config import ModelConfig
+    from zkl.models.config import ModelConfig, MoEConfig
 
-    cfg = ModelConfig(
-        family="qwen3_moe" if moe else "qwen3",
-        num_experts=4 if moe else 0,
-        num_experts_per_tok=2 if moe else 0,
-        moe_intermediate_size=32 if moe else 0,
-    )
+    experts = MoEConfig(num_experts=4, num_experts_per_tok=2, intermediate_size=32)
+    cfg = ModelConfig(family="qwen3_moe" if moe else "qwen3", moe=experts if moe else MoEConfig())
     return build_model(cfg, torch.bfloat16, seed=seed)
 
 
@@ -98,10 +94,12 @@ def _restore_torch_threads():
 
 def rope_tables(head_dim: int, positions: int, theta: float):
     """The model's rotary tables (`.cos`, `.sin`) for one head width, position count and base."""
-    from zkl.models.config import ModelConfig
+    from zkl.models.config import ModelConfig, RopeConfig
     from zkl.models.transformer import RotaryEmbedding
 
-    cfg = ModelConfig(head_dim=head_dim, max_position_embeddings=positions, rope_theta=theta)
+    cfg = ModelConfig(
+        head_dim=head_dim, max_position_embeddings=positions, rope=RopeConfig(theta=theta)
+    )
     return RotaryEmbedding(cfg)
 
 

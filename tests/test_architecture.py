@@ -224,7 +224,8 @@ def explained(lines: list[str], lineno: int, words: tuple[str, ...] = ("optional
 def test_config_leaves_import_only_leaves():
     """Importing the schema pulls in no model, kernel or engine: only configs and errors."""
     graph = import_graph()
-    below = {"zkl.errors", "zkl.invariance"}
+    # and the torch-free registries whose names the configs check: the fixes, the engines
+    below = {"zkl.errors", "zkl.invariance", "zkl.engines"}
     for module in filter(is_config, MODULES):
         assert {t for t in graph[module] if not is_config(t)} <= below, module
 
@@ -362,6 +363,47 @@ def test_sweep_descriptions_count_what_the_sweep_runs(sweep):
             assert int(jobs) == math.prod(map(len, points)), text
         named = every if "every tiny model" in text else set(re.findall(r"tiny_\w+", text))
         assert not covered or not named or named == covered, text
+
+
+def own_names(tree: ast.AST) -> set[str]:
+    """The names a module gives: its functions, classes, parameters, variables and the
+    attributes it sets (a keyword in a call is the callee's, an attribute read another's)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.Name | ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.id if isinstance(node, ast.Name) else node.attr)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+def test_backend_names_nothing_of_zkls():
+    """One word per meaning (docs/engines.md): the engine builds the model (`engine.name`), a
+    dedicated refit has a `transport`, the trainer ranks a `process_group`; `backend` names
+    nothing zkl gives a name to, only torch's and megatron-core's own calls say it."""
+    found = [
+        f"{name}: {word}"
+        for name, path in MODULES.items()
+        for word in own_names(ast.parse(path.read_text()))
+        if "backend" in word.lower()
+    ]
+    assert found == []
+    source = "def build_backend(backend):\n    self.backend = backend\nx = f(backend=1)\n"
+    assert own_names(ast.parse(source)) >= {"build_backend", "backend"}  # the rule sees them
+
+
+def test_no_two_config_keys_are_one_word_and_its_plural():
+    """A count of groups and a group count were two keys once (n_group, n_groups): no two
+    keys of the schema differ by a trailing s alone."""
+    from zkl.run.keys import schema_keys
+    from zkl.run.schema import ZklConfig
+
+    keys = {key.rpartition(".")[2] for key in schema_keys(ZklConfig)}
+    assert sorted(k for k in keys if k + "s" in keys) == []
 
 
 def test_readme_map_is_generated_from_the_tree():

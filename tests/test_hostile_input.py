@@ -55,8 +55,8 @@ TRACEBACKS = [  # category 1: each would fail later with a traceback
     (["model.init_std=-1"], "model.init_std"),
 ]
 IGNORED = [  # category 3: each could run as if it had not been given
-    (["engine.cuda_graphs=sometimes"], "engine.cuda_graphs"),
-    (["engine.cuda_graphs=on"], "engine.cuda_graphs"),  # the CPU default device
+    (["scheduler.cuda_graphs=sometimes"], "scheduler.cuda_graphs"),
+    (["scheduler.cuda_graphs=on"], "scheduler.cuda_graphs"),  # the CPU default device
     (["tracking.dump_tokens='²'"], "tracking.dump_tokens"),
     (["tracking.dump_tokens='99999999999999999999'"], "tracking.dump_tokens"),
     (["layout.timeout_s=0"], "layout.timeout_s"),
@@ -65,7 +65,7 @@ IGNORED = [  # category 3: each could run as if it had not been given
 ]
 SIZES = [  # category 4: each would hang or end in an allocator traceback
     (["rl.prompts_per_step=100000000"], "rl.prompts_per_step"),
-    (["engine.max_batch_size=100000000"], "engine.max_batch_size"),
+    (["scheduler.max_batch_size=100000000"], "scheduler.max_batch_size"),
     (["model.vocab_size=2000000000"], "model.vocab_size"),
     (["sampling.max_new_tokens=1000000000"], "sampling.max_new_tokens"),
     (["model.max_position_embeddings=2000000000"], "model.max_position_embeddings"),
@@ -73,7 +73,7 @@ SIZES = [  # category 4: each would hang or end in an allocator traceback
         ["sampling.max_new_tokens=100000000", "model.max_position_embeddings=200000000"],
         "sampling.max_new_tokens",
     ),
-    (["kv=persist", "engine.prefix_cache_blocks=2000000000"], "engine.prefix_cache_blocks"),
+    (["kv=persist", "scheduler.prefix_cache_blocks=2000000000"], "scheduler.prefix_cache_blocks"),
     (["num_threads=5000"], "num_threads"),
 ]
 
@@ -103,13 +103,13 @@ def test_every_float_knob_rejects_nan_and_infinities(key, bad):
 
 def _int_keys() -> list[str]:
     ints = [k for k, v in leaves(ZklConfig()) if isinstance(v, int) and not isinstance(v, bool)]
-    return ints + ["model.mlp_only_layers"]
+    return ints + ["model.moe.mlp_only_layers"]
 
 
 @pytest.mark.parametrize("key", _int_keys())
 def test_every_integer_knob_has_an_upper_bound(key):
     big = 2**64 if key == "seed" else 2**40
-    value = f"[{big}]" if key == "model.mlp_only_layers" else str(big)
+    value = f"[{big}]" if key == "model.moe.mlp_only_layers" else str(big)
     message = refusal([f"{key}={value}"])
     assert message.startswith(f"{key}=")
     assert f"at most {2**63 - 1 if key == 'seed' else INT_MAX}" in message.replace("and", "at most")
@@ -205,7 +205,7 @@ CLI = [  # (entry point, overrides, key): a few of each category through the rea
     ("zkl", ["+rl.stepz=2"], "rl.steps"),
     ("zkl.cert", ["tracking.dump_tokens='²'"], "tracking.dump_tokens"),
     ("zkl", ["rl.prompts_per_step=100000000"], "rl.prompts_per_step"),
-    ("zkl", ["engine.max_batch_size=100000000"], "engine.max_batch_size"),
+    ("zkl", ["scheduler.max_batch_size=100000000"], "scheduler.max_batch_size"),
 ]
 
 
@@ -255,7 +255,7 @@ def test_the_mamba_chunk_scan_is_in_the_estimate(monkeypatch):
     them is refused with the part named, not killed by the OOM killer."""
     cut = ["model=nemotron3_nano_30b_a3b", "model.num_hidden_layers=3"]
     cut += ["model.hybrid_override_pattern=M*E", "model.hidden_size=256"]
-    cut += ["model.n_routed_experts=8", "model.vocab_size=4096", "task.name=residue"]
+    cut += ["model.moe.num_experts=8", "model.vocab_size=4096", "task.name=residue"]
     cfg = make_cfg(*cut)
     parts = memory.estimate(cfg, 80)
     samples = cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt

@@ -20,15 +20,15 @@ import torch
 from tests.conftest import make_cfg
 from zkl.errors import ConfigError
 from zkl.models.build import build_model
-from zkl.models.config import AT_LEAST_ONE, ModelConfig
+from zkl.models.config import AT_LEAST_ONE, leaves, replaced, value_at
 from zkl.run.overrides import preflight
 from zkl.run.validate import validate
 from zkl.tracking.errors import read_error
 
 REPO = Path(__file__).resolve().parent.parent
 FAMILIES = ("tiny_dense", "tiny_moe", "tiny_hybrid")
-INTS = [f.name for f in dataclasses.fields(ModelConfig) if f.type == "int"]
-FLOATS = [f.name for f in dataclasses.fields(ModelConfig) if f.type == "float"]
+INTS = [key for key, f in leaves() if f.type == "int"]
+FLOATS = [key for key, f in leaves() if f.type == "float"]
 
 
 def refused(cfg) -> str:
@@ -40,16 +40,21 @@ def refused(cfg) -> str:
 
 
 def with_model(cfg, **changes):
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **changes))
+    """`cfg` with model keys changed, a section's by its dotted key (`**{"moe.x": v}`)."""
+    return dataclasses.replace(cfg, model=replaced(cfg.model, changes))
 
 
 def test_the_reported_model_numbers_are_refused():
     hybrid = make_cfg("model=tiny_hybrid")
-    for key, value in [("n_group", 0), ("time_step_min", 0.0), ("time_step_min", -1.0)]:
+    for key, value in [
+        ("moe.num_expert_groups", 0),
+        ("mamba.time_step_min", 0.0),
+        ("mamba.time_step_min", -1.0),
+    ]:
         message = refused(with_model(hybrid, **{key: value}))
         assert message.startswith(f"model.{key}={value} must be positive"), message
-    message = refused(with_model(hybrid, routed_scaling_factor=0.0))
-    assert message.startswith("model.routed_scaling_factor=0.0 must be positive")
+    message = refused(with_model(hybrid, **{"moe.routed_scaling_factor": 0.0}))
+    assert message.startswith("model.moe.routed_scaling_factor=0.0 must be positive")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -76,7 +81,7 @@ def test_a_model_number_passes_only_if_the_model_runs(family):
     model builds and its forward is finite (no ZeroDivisionError, no silent NaN)."""
     base = make_cfg(f"model={family}")
     for key in INTS + FLOATS:
-        kind = type(getattr(base.model, key))
+        kind = type(value_at(base.model, key))
         for value in (0, -1, 3):
             cfg = with_model(base, **{key: kind(value)})
             try:
@@ -128,7 +133,7 @@ def test_the_quoted_values_are_then_checked_as_values():
         ("rl.lr=fast", "a number"),
         ("zero_train_gen_mismatch=maybe", "true or false"),
         ("rl.betas=[a,b]", "a list of numbers"),
-        ("model.mlp_only_layers=[x]", "a list of whole numbers"),
+        ("model.moe.mlp_only_layers=[x]", "a list of whole numbers"),
     ],
 )
 def test_a_value_of_the_wrong_type_names_the_key_and_the_type(override, kind):
@@ -195,8 +200,13 @@ def _lines(out: subprocess.CompletedProcess) -> list[str]:
 @pytest.mark.parametrize(
     "module,args,key,made",
     [
-        ("zkl", ["model=tiny_hybrid", "model.n_group=0"], "model.n_group=0", True),
-        ("zkl", ["model.time_step_min=-1"], "model.time_step_min", True),
+        (
+            "zkl",
+            ["model=tiny_hybrid", "model.moe.num_expert_groups=0"],
+            "model.moe.num_expert_groups=0",
+            True,
+        ),
+        ("zkl", ["model.mamba.time_step_min=-1"], "model.mamba.time_step_min", True),
         ("zkl", ["rl.steps=abc"], "rl.steps=abc", False),
         ("zkl", ["+layout=dedicated", "+layout=colocated"], "the group layout", False),
         ("zkl", ["cert.steps=2"], "cert.steps is not a config key", False),

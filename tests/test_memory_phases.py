@@ -14,9 +14,9 @@ from zkl.errors import ConfigError
 RL_SHAPE = [
     "model=qwen2_5_1_5b", "task.name=residue", "task.min_prompt_len=4064",
     "task.max_prompt_len=4064", "sampling.max_new_tokens=4096", "rl.prompts_per_step=8",
-    "rl.samples_per_prompt=8", "engine.max_batch_size=64", "rl.score_micro_batch=8",
+    "rl.samples_per_prompt=8", "scheduler.max_batch_size=64", "rl.score_micro_batch=8",
     "rl.num_minibatches=64", "trainer.activation_checkpointing=true",
-    "engine.prefill_chunk=512", "zero_train_gen_mismatch=false",
+    "scheduler.prefill_chunk=512", "zero_train_gen_mismatch=false",
 ]  # fmt: skip
 
 

@@ -102,10 +102,10 @@ def _launcher(*overrides: str) -> dict:
 def test_launcher_presets_compose():
     """slurm and local presets resolve; slurm_gpu asks for the GPUs each layout needs."""
     cases = (("colocated", "auto", 1), ("dedicated", "auto", 1), ("dedicated", "nccl", 2))
-    for layout, backend, gpus in cases:
-        args = (f"+layout={layout}", f"layout.backend={backend}")
+    for layout, transport, gpus in cases:
+        args = (f"+layout={layout}", f"layout.transport={transport}")
         launcher = _launcher("hydra/launcher=slurm_gpu", *args)
-        assert launcher["gpus_per_node"] == gpus, (layout, backend)
+        assert launcher["gpus_per_node"] == gpus, (layout, transport)
     slurm = _launcher("hydra/launcher=slurm", "hydra.launcher.partition=cpu")
     assert slurm["_target_"].endswith("submitit_launcher.SlurmLauncher")
     assert (slurm["partition"], slurm["cpus_per_task"], slurm["max_num_timeout"]) == ("cpu", 1, 24)

@@ -119,8 +119,6 @@ def test_wandb_falls_back_to_offline_only_when_asked(tmp_path):
         (["+layout=dedicatd"], "did you mean dedicated?"),
         (["-m", "kv=recompute,persistt"], "did you mean persist?"),
         (["rl.steps="], "rl.steps"),  # Hydra's own error, its first line and cause
-        (["engine.name=megatron_local"], "engine.name is not a config key; use engine.backend"),
-        (["+engine.name=native"], "engine.name is not a config key; use engine.backend"),
     ],
 )
 @pytest.mark.slow

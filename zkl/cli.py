@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from omegaconf import OmegaConf, open_dict, read_write
 from zkl.console import say
 from zkl.errors import ConfigError, ForeignRunDir, RunFault
 from zkl.help import help_text
+from zkl.renamed import new_name
 from zkl.run import overrides
 from zkl.run.register import register
 from zkl.run.schema import ZklConfig
@@ -62,6 +64,13 @@ def _fail(prog: str, message: str, code: int) -> None:
     sys.exit(code)
 
 
+def _old_key(err: BaseException) -> str | None:
+    """The old name of a key (`zkl.renamed`) that Hydra's composition found in a file."""
+    found = re.search(r"full_key: (\S+)", str(err))  # Hydra re-raises with the text only
+    key = found.group(1) if found else None
+    return key if key and new_name(key) else None
+
+
 def _first_line(err: BaseException) -> str:
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     return lines[0] if lines else type(err).__name__
@@ -73,7 +82,8 @@ def check_command_line(prog: str, schema: type = ZklConfig) -> argparse.Namespac
     The command line is checked by `zkl.run.overrides.preflight` (unreadable overrides,
     unknown keys and group options with the nearest valid one, groups given twice, values of
     the wrong type); `--help` prints zkl's help for `schema` (`zkl.help`). `sys.argv` is
-    left normalized (`+group=option` as `group=option`).
+    left normalized (`+group=option` as `group=option`, an old key as its new one, with a
+    line saying so).
     """
     argv = sys.argv[1:]
     args, _ = get_args_parser().parse_known_args(argv)
@@ -85,6 +95,8 @@ def check_command_line(prog: str, schema: type = ZklConfig) -> argparse.Namespac
         overrides.preflight(overrides.normalize(args.overrides), args.config_dir, schema)
     except ConfigError as err:
         _fail(prog, str(err), 2)
+    for sentence in overrides.renames(args.overrides):
+        say(f"{prog}: {sentence}")
     return args
 
 
@@ -110,6 +122,11 @@ def run_hydra(prog: str, hydra_main: Callable[[], None], schema: type = ZklConfi
         name = type(err).__name__
         module = type(err).__module__
         if module.startswith(("hydra", "omegaconf")):
+            old = _old_key(err)
+            if old is not None:  # a YAML file of the user's with a key's old name
+                where = _first_line(err).split(":", 1)[0]
+                say(f"{prog}: {where}: {old} is not a config key; it is now {new_name(old)}.")
+                sys.exit(2)
             cause = f" ({_first_line(err.__cause__)})" if err.__cause__ is not None else ""
             say(f"{prog}: {_first_line(err)}{cause}")
             sys.exit(2)
@@ -230,10 +247,11 @@ class RunDirCheck(Callback):
         # from this config after the callback).
         params = config.hydra.sweeper.get("params")
         if params:
+            normalized, said = overrides.normalize_sweep_params(OmegaConf.to_container(params))
+            for sentence in said:
+                say(f"zkl: {sentence}")
             with read_write(config), open_dict(config):
-                config.hydra.sweeper.params = overrides.normalize_sweep_params(
-                    OmegaConf.to_container(params)
-                )
+                config.hydra.sweeper.params = normalized
         note = submission_note(config)
         if note:
             say(f"zkl: {note}")

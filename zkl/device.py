@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from zkl.errors import ConfigError
+from zkl.placement import OWN_GPU_TRANSPORT, own_gpu
 
 CHOICES = ("cpu", "cuda", "auto")
 
@@ -44,28 +45,31 @@ def on_cuda(cfg: Any) -> bool:
 
 
 def generator_device(cfg) -> torch.device:
-    """The dedicated generator's device: the trainer's, or with `layout.backend=nccl` a GPU
-    of its own (`layout.generator_device`, default the GPU after the trainer's).
+    """The dedicated generator's device: the trainer's, or with `layout.transport=nccl` a GPU
+    of its own (`layout.generator_device`, default the GPU after the trainer's; the rule is
+    `zkl.placement.own_gpu`).
 
     Raises the one sentence a config that cannot place its generator gets.
     """
     trainer = resolve_device(str(cfg.device))
     wanted = cfg.layout.generator_device
-    if cfg.layout.backend != "nccl":
+    if cfg.layout.transport != OWN_GPU_TRANSPORT:
         if wanted is not None and torch.device(_parse(wanted)) != trainer:
             raise ConfigError(
-                f"layout.generator_device={wanted!r} needs layout.backend=nccl (gloo and "
+                f"layout.generator_device={wanted!r} needs layout.transport=nccl (gloo and "
                 "cuda_ipc keep the generator on the trainer's device); set it to null."
             )
         return trainer
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if trainer.type != "cuda" or count < 2:
         raise ConfigError(
-            "layout.backend=nccl puts the generator on a GPU of its own and needs device=cuda "
-            f"with two CUDA devices (this machine has {count}); use layout.backend=auto."
+            "layout.transport=nccl puts the generator on a GPU of its own and needs device=cuda "
+            f"with two CUDA devices (this machine has {count}); use layout.transport=auto."
         )
-    if cfg.layout.name != "dedicated":
-        raise ConfigError("layout.backend=nccl is for +layout=dedicated; use layout.backend=auto.")
+    if not own_gpu(cfg.layout.name, cfg.layout.transport):
+        raise ConfigError(
+            "layout.transport=nccl is for +layout=dedicated; use layout.transport=auto."
+        )
     device = torch.device(
         _parse(wanted) if wanted is not None else f"cuda:{(trainer.index + 1) % count}"
     )
@@ -75,8 +79,8 @@ def generator_device(cfg) -> torch.device:
         )
     if device == trainer:
         raise ConfigError(
-            f"layout.generator_device={wanted!r} is the trainer's device; layout.backend=nccl "
-            "needs another GPU (or use layout.backend=cuda_ipc to share one)."
+            f"layout.generator_device={wanted!r} is the trainer's device; layout.transport=nccl "
+            "needs another GPU (or use layout.transport=cuda_ipc to share one)."
         )
     return device
 

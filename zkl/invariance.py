@@ -1,6 +1,10 @@
 """The named fixes (docs/design.md section 4) and the one scoped switch that turns them on.
 
-Every mismatch source is a registry entry with a stable name, its cause and its remedy.
+Every mismatch source is a registry entry with a stable name, its cause and its remedy, and
+what else is known of it: the run that can expose it (`python -m zkl.cert cert.ablate=true`),
+the layers its source lives in, why the CPU shows nothing of it, the state a generator
+without it carries across refits (which a checkpoint does not hold), and whether without it a
+colocated generator keeps a copy of the weights of its own (the memory estimate counts it).
 Code that has a fast path and an invariant path asks `is_enabled(name)` (the kernels ask
 through `zkl.ops`' table, which names each op's fix); the trainer and the generator run
 inside the same `enabled(...)` scope, so a sweep can turn one fix off (`fixes.<name>=false`)
@@ -14,8 +18,36 @@ import contextlib
 import dataclasses
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from zkl.switch import Switch
+
+
+@dataclass(frozen=True)
+class Exposure:
+    """The run that can expose a fix's source (its ablation's mode, zkl/cert/ablation.py): the
+    step-0 schedules, or with `refits` GRPO steps (at least two) with updates and refits; in
+    `precision` and with `kv` mode where set, else the bed's."""
+
+    refits: bool = False
+    precision: str | None = None
+    kv: str | None = None
+
+
+STEP0 = Exposure()
+# a prefix cache and quantized weights that outlive a refit
+REFITS = Exposure(refits=True, precision="mxfp8", kv="persist")
+
+
+@dataclass(frozen=True)
+class Stale:
+    """State a generator without the fix keeps from older weights across a refit: `what` it
+    is, in a run whose config `key` is not `free` (a checkpoint does not save it, so such a
+    run cannot resume bitwise: zkl/state/resume.py)."""
+
+    what: str
+    key: str
+    free: str
 
 
 @dataclass(frozen=True)
@@ -24,15 +56,24 @@ class Fix:
     cause: str
     remedy: str
     test: str  # the test that shows the mismatch with the fix off and zero with it on
+    exposure: Exposure = STEP0
+    layer: str | None = None  # the layer kind its source lives in (moe, mamba); None: every model
+    # measured on the CPU: why turning it off shows nothing there (`{hidden_size}` and
+    # the other model numbers are the model's)
+    cpu_silent: str = ""
+    stale: Stale | None = None
+    # off, a colocated generator holds a copy of the weights of its own (the refit casts them)
+    off_copies_weights: bool = False
 
 
 FIXES: dict[str, Fix] = {}
 
 
-def register(name: str, cause: str, remedy: str, test: str) -> Fix:
+def register(name: str, cause: str, remedy: str, test: str, **known: Any) -> Fix:
+    """Add fix `name`; `known`: the rest of its record (`Fix`)."""
     if name in FIXES:
         raise KeyError(f"fix {name!r} is registered twice")
-    FIXES[name] = Fix(name, cause, remedy, test)
+    FIXES[name] = Fix(name, cause, remedy, test, **known)
     return FIXES[name]
 
 
@@ -42,12 +83,16 @@ register(
     "CPU: every GEMM runs on fixed 16-row tiles; CUDA: one Triton tile config walking K in "
     "order; a row's result never depends on M",
     "tests/ops/test_ops.py::test_gemm_rows_independent_of_batch",
+    # on this CPU bf16 GEMM rows depend on the row count only for some shapes, fp32 ones for more
+    exposure=Exposure(precision="fp32"),
 )
 register(
     "batch_invariant_reductions",
     "norm / softmax-sum reductions may split a row differently by shape",
     "CPU: row sums are a fixed pairwise tree of elementwise adds; CUDA: one program per row",
     "tests/ops/test_ops.py::test_rms_norm_reduction_order",
+    cpu_silent="the CPU splits a row sum by shape only for rows of about 65,536 elements on "
+    "several threads; this model's norm rows have {hidden_size}",
 )
 register(
     "attention_fixed_split",
@@ -67,6 +112,8 @@ register(
     "expert outputs are added in dispatch order, in the activation dtype, with a bf16 router",
     "fp32 router, stable top-k tie-break, fp32 combine per token in top-k slot order",
     "tests/ops/test_ops.py::test_moe_combine_independent_of_dispatch_order",
+    layer="moe",
+    cpu_silent="the CPU adds expert outputs in one fixed dispatch order on both paths",
 )
 register(
     "mamba_chunked_decode",
@@ -75,25 +122,31 @@ register(
     "decode re-runs the chunk-scan math over the buffered partial chunk from an fp32 "
     "chunk-boundary state, committing the state when the chunk fills",
     "tests/models/test_mamba.py::test_mamba_chunked_decode_fix",
+    layer="mamba",
 )
 register(
     "kv_invalidate_on_refit",
     "prefix-cache KV computed with old weights is reused after a refit",
     "cache entries carry the weight version; a lookup only hits the current version",
     "tests/rl/test_rl.py::test_stale_prefix_cache_after_refit",
+    exposure=REFITS,
+    stale=Stale("stale prefix cache", key="kv.mode", free="recompute"),
 )
 register(
     "refit_exactness",
     "refit converts every tensor to the generator dtype (fp32 norms/router become bf16)",
     "refit copies exactly the tensors the trainer's forward used, bit for bit, all or nothing",
     "tests/rl/test_rl.py::test_refit_exactness",
+    exposure=REFITS,
+    off_copies_weights=True,
 )
-
 register(
     "quantized_weight_refresh",
     "the generator's cached quantized weights keep their pre-refit values",
     "every refit drops the cache, so weights are re-quantized from the refitted values",
     "tests/precision/test_precision.py::test_stale_quantized_weights_after_refit",
+    exposure=REFITS,
+    stale=Stale("stale quantized weights", key="precision.linear_quant", free="none"),
 )
 
 # The `fixes` config group: one `fixes.<name>` key a registered fix, built from the registry

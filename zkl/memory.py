@@ -20,10 +20,13 @@ import torch
 from zkl.device import generator_device, on_cuda, resolve_device
 from zkl.distributed.checks import sharded
 from zkl.errors import ConfigError
-from zkl.invariance import from_config
+from zkl.generation.prefix_cache import BLOCK
+from zkl.invariance import FIXES, from_config
 from zkl.models.config import ModelConfig
 from zkl.models.mamba2 import scan_piece_chunks
 from zkl.models.registry import largest_layer_params, param_count
+from zkl.ops import TABLE
+from zkl.placement import own_gpu
 from zkl.precision.config import quantizes
 from zkl.precision.recipes import DTYPES
 
@@ -32,7 +35,6 @@ LOGIT_TOKENS = 8192  # tokens whose logits exist at once on the train path (trai
 GB = 1e9
 PROCESS_BYTES = 0.6 * GB  # an idle Python process with torch imported
 RECORD_BYTES_PER_TOKEN = 400  # a generated token's int and 0-d logprob tensor
-BLOCK = 16  # prefix-cache block (zkl.generation.prefix_cache.BLOCK)
 
 # what to change when a part is the largest: the sentence names these keys
 ADVICE = {
@@ -42,14 +44,14 @@ ADVICE = {
     "generator weights": "every rank's generator holds the whole model: set "
     "trainer.offload=true to keep the trainer's shards in host memory, or use a smaller "
     "model (model=...)",
-    "KV cache": "lower engine.max_batch_size or sampling.max_new_tokens",
-    "prefix cache": "lower engine.prefix_cache_blocks",
+    "KV cache": "lower scheduler.max_batch_size or sampling.max_new_tokens",
+    "prefix cache": "lower scheduler.prefix_cache_blocks",
     "rotary tables": "lower model.max_position_embeddings",
     "scoring logits": "set rl.score_micro_batch, or lower rl.prompts_per_step or model.vocab_size",
     "update activations": "set rl.update_micro_batch (sequences a backward takes at once; "
     "one optimizer step a minibatch still), raise rl.num_minibatches, or lower "
     "rl.prompts_per_step, sampling.max_new_tokens or model.vocab_size",
-    "generation activations": "lower engine.max_batch_size",
+    "generation activations": "lower scheduler.max_batch_size",
     "Mamba chunk scan": "set rl.score_micro_batch and rl.update_micro_batch, or lower "
     "rl.prompts_per_step or rl.samples_per_prompt",
     "rollout records": "lower rl.prompts_per_step or rl.samples_per_prompt",
@@ -71,8 +73,8 @@ TRANSIENT = frozenset(name for phase in PHASES for name in phase)
 
 
 def _own_gpu(cfg: Any) -> bool:
-    """The dedicated generator sits on a GPU of its own (`layout.backend=nccl`)."""
-    return cfg.layout.name == "dedicated" and cfg.layout.backend == "nccl"
+    """The generator sits on a GPU of its own (`zkl.placement.own_gpu`)."""
+    return own_gpu(cfg.layout.name, cfg.layout.transport)
 
 
 def _token_bytes(cfg: Any, positions: int) -> tuple[int, int, int]:
@@ -81,7 +83,7 @@ def _token_bytes(cfg: Any, positions: int) -> tuple[int, int, int]:
     c = DTYPES[cfg.precision.compute_dtype].itemsize  # bytes of one compute-dtype value
     width = m.intermediate_size
     if m.is_moe:
-        width = m.num_experts_per_tok * (m.moe_intermediate_size + 2 * m.hidden_size)
+        width = m.moe.num_experts_per_tok * (m.moe.intermediate_size + 2 * m.hidden_size)
     # On CUDA both modes' attention (zkl's kernel, or flash) saves no score rows: the
     # backward is flash and recomputes them.
     attention_row = 0 if on_cuda(cfg) else m.num_attention_heads * positions * 4
@@ -106,12 +108,12 @@ def mamba_scan_bytes(m: ModelConfig, sequences: int, positions: int) -> float:
     (zkl/models/mamba2.py) by one layer at a time; twice that for the backward's gradient."""
     if "M" not in m.hybrid_override_pattern:
         return 0.0
-    q = m.chunk_size
-    width = max(m.ssm_state_size, m.mamba_head_dim)
+    q = m.mamba.chunk_size
+    width = max(m.mamba.state_size, m.mamba.head_dim)
     chunks = min(
-        sequences * math.ceil(positions / q), scan_piece_chunks(q, m.mamba_num_heads, width)
+        sequences * math.ceil(positions / q), scan_piece_chunks(q, m.mamba.num_heads, width)
     )
-    return 2.0 * chunks * q * q * m.mamba_num_heads * width * 4
+    return 2.0 * chunks * q * q * m.mamba.num_heads * width * 4
 
 
 def mamba_saved_bytes(cfg: Any, sequences: int, positions: int) -> float:
@@ -124,7 +126,7 @@ def mamba_saved_bytes(cfg: Any, sequences: int, positions: int) -> float:
     layers = m.hybrid_override_pattern[: m.num_hidden_layers].count("M")
     if not layers:
         return 0.0
-    q, h, p, n = m.chunk_size, m.mamba_num_heads, m.mamba_head_dim, m.ssm_state_size
+    q, h, p, n = m.mamba.chunk_size, m.mamba.num_heads, m.mamba.head_dim, m.mamba.state_size
     per_position = 3 * q * h + 2 * h * p + h * n + 2 * h * p * n / q + 2 * h
     padded = math.ceil(positions / q) * q
     kept_layers = 1 if cfg.trainer.activation_checkpointing else layers
@@ -156,7 +158,7 @@ def sharded_weights(cfg: Any) -> dict[str, float]:
 
 def estimate(cfg: Any, positions: int) -> dict[str, float]:
     """Bytes of each large part of a run whose sequences are `positions` tokens long, on the
-    trainer's device (with `layout.backend=nccl` the generator's GPU is `generator_estimate`);
+    trainer's device (with `layout.transport=nccl` the generator's GPU is `generator_estimate`);
     for a sharded trainer, one rank's (its share of the step's sequences)."""
     if sharded(cfg):
         return _sharded_estimate(cfg, positions)
@@ -174,7 +176,7 @@ def estimate(cfg: Any, positions: int) -> dict[str, float]:
         per_param += c  # the trainer's side of the refit buffer
     elif dedicated:
         per_param += 3 * c  # the generator's model and the refit buffer on both sides
-    elif "refit_exactness" not in fixes:
+    elif any(f.off_copies_weights for name, f in FIXES.items() if name not in fixes):
         per_param += c  # the colocated generator's own copy
     if quantizes(cfg.precision):
         per_param += c  # cached quantized weights
@@ -184,11 +186,11 @@ def estimate(cfg: Any, positions: int) -> dict[str, float]:
     # the sequences one forward and backward of the update hold at once
     piece = min(minibatch, rl.update_micro_batch) if rl.update_micro_batch else minibatch
     # CUDA's fused logprob kernel keeps no fp32 copy of the logits.
-    fused = on_cuda(cfg) and "batch_invariant_reductions" in fixes
+    fused = on_cuda(cfg) and TABLE["token_logprobs"].fix in fixes
     score_bytes, update_bytes = (c, 2 * c) if fused else (c + 8, c + 12)
     return {
         "weights and optimizer state": float(p * per_param),
-        **({} if _own_gpu(cfg) else _engine_parts(cfg, positions)),
+        **({} if _own_gpu(cfg) else _scheduler_parts(cfg, positions)),
         "rotary tables": float(m.max_position_embeddings * m.head_dim * 24 * (1 + dedicated)),
         # the train path makes the logits LOGIT_TOKENS at a time (trainer/scoring)
         "scoring logits": float(min(scored * positions, LOGIT_TOKENS) * m.vocab_size * score_bytes),
@@ -224,14 +226,14 @@ def _sharded_estimate(cfg: Any, positions: int) -> dict[str, float]:
     return parts
 
 
-def _engine_parts(cfg: Any, positions: int) -> dict[str, float]:
+def _scheduler_parts(cfg: Any, positions: int) -> dict[str, float]:
     """The scheduler's KV cache, prefix cache and activations."""
     _, kv_token, layer_token = _token_bytes(cfg, positions)
-    m, batch = cfg.model, cfg.engine.max_batch_size
-    blocks = cfg.engine.prefix_cache_blocks if cfg.kv.mode == "persist" else 0
-    # a prefill forward: each admitted row's prompt, `engine.prefill_chunk` tokens at a time
+    m, batch = cfg.model, cfg.scheduler.max_batch_size
+    blocks = cfg.scheduler.prefix_cache_blocks if cfg.kv.mode == "persist" else 0
+    # a prefill forward: each admitted row's prompt, `scheduler.prefill_chunk` tokens at a time
     prompt = max(1, positions - cfg.sampling.max_new_tokens)
-    prefill = min(prompt, cfg.engine.prefill_chunk or prompt)
+    prefill = min(prompt, cfg.scheduler.prefill_chunk or prompt)
     return {
         "KV cache": float(batch * positions * kv_token),
         "prefix cache": float(blocks * BLOCK * kv_token),
@@ -240,13 +242,16 @@ def _engine_parts(cfg: Any, positions: int) -> dict[str, float]:
 
 
 def generator_estimate(cfg: Any, positions: int) -> dict[str, float]:
-    """Bytes on the generator's own GPU (`layout.backend=nccl`): its weights and refit
+    """Bytes on the generator's own GPU (`layout.transport=nccl`): its weights and refit
     buffer, the scheduler's caches and activations; empty for the other layouts."""
     if not _own_gpu(cfg):
         return {}
     c, _, _ = _token_bytes(cfg, positions)
     weights = 2 * c * param_count(cfg.model)
-    return {"generator weights and refit buffer": float(weights), **_engine_parts(cfg, positions)}
+    return {
+        "generator weights and refit buffer": float(weights),
+        **_scheduler_parts(cfg, positions),
+    }
 
 
 def _read_int(path: str) -> int | None:

@@ -51,7 +51,7 @@ def test_cert_cli_certifies_the_users_config(tmp_path):
     assert row["steps"] == 2 and row["weight_version"] == 1 and row["update_norm"] > 0
     folder = tmp_path / "beds" / "tiny_moe" / "colocated" / "bf16" / "kv_recompute"
     run_cfg = OmegaConf.load(folder / "steps2" / "all_fixes" / "config.yaml")
-    assert run_cfg.model.num_hidden_layers == 1 and run_cfg.model.num_experts == 8
+    assert run_cfg.model.num_hidden_layers == 1 and run_cfg.model.moe.num_experts == 8
     assert not [p for p in tmp_path.rglob("*") if " " in p.name]
     assert "[1/1] tiny_moe/colocated/bf16/kv_recompute all_fixes (steps2) ..." in out.stderr
     assert "[1/1] tiny_moe/colocated/bf16/kv_recompute all_fixes (steps2): PASS" in out.stderr
@@ -71,7 +71,7 @@ def test_beds_vary_only_the_named_axes():
         ("tiny_dense", 1),
         ("tiny_moe", 1),
     ]
-    assert named[1].model.num_experts == 8 and named[0].precision.name == "bf16"
+    assert named[1].model.moe.num_experts == 8 and named[0].precision.name == "bf16"
     kept = beds(cert_cfg("+precision=fp32", "precision.master_weights_fp32=true", *MATRIX))
     assert len(kept) == 4 and {b.precision.name for b in kept} == {"bf16", "mxfp8"}
     assert all(b.precision.master_weights_fp32 for b in kept)
@@ -81,7 +81,7 @@ def test_beds_vary_only_the_named_axes():
     ("overrides", "key"),
     [
         (["precision.native=true"], "precision.native"),
-        (["+layout=dedicated", "layout.backend=nccl"], "layout.backend=nccl"),
+        (["+layout=dedicated", "layout.transport=nccl"], "layout.transport=nccl"),
         (["model.checkpoint=/nonexistent"], "model.checkpoint"),
         (["cert.models=[]"], "cert.models=[]"),
         (["cert.steps=1"], "cert.steps=1"),
@@ -199,7 +199,7 @@ def test_ablation_mode_the_bed_cannot_run_is_a_row_not_a_refusal(tmp_path):
 def test_no_effect_reasons_measured_on_the_cpu_are_not_claimed_on_cuda(monkeypatch):
     cfg = cert_cfg("model=tiny_moe")
     assert "the CPU splits" in ablation.why_no_effect("batch_invariant_reductions", cfg)
-    assert "the CPU engine" in ablation.why_no_effect("moe_combine_order", cfg)
+    assert "the CPU adds" in ablation.why_no_effect("moe_combine_order", cfg)
     monkeypatch.setattr(ablation, "resolve_device", lambda name: torch.device("cuda"))
     assert ablation.why_no_effect("batch_invariant_reductions", cfg) is None
     assert ablation.why_no_effect("moe_combine_order", cfg) is None

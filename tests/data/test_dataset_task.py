@@ -107,9 +107,9 @@ def test_the_checkpoint_alone_sets_the_model(tmp_path, family):
     if family == "qwen2":
         assert model.qkv_bias and not model.qk_norm
     if family == "qwen3_moe":
-        assert (model.num_experts, model.num_experts_per_tok) == (4, 2)
+        assert (model.moe.num_experts, model.moe.num_experts_per_tok) == (4, 2)
     if family == "nemotron_h":
-        assert model.hybrid_override_pattern == "M*-E" and model.mamba_num_heads == 8
+        assert model.hybrid_override_pattern == "M*-E" and model.mamba.num_heads == 8
     # The default group's (tiny_dense) numbers are all replaced: none leaks into the model.
     assert make_cfg().model.vocab_size == 64 and model.vocab_size == 96
 

@@ -110,7 +110,7 @@ def test_sharded_and_dedicated_agree_bitwise(tmp_path):
         (["trainer.world_size=0"], "trainer.world_size=0"),
         (["trainer.world_size=32"], "trainer.world_size=32"),
         (["trainer.world_size=2", "rl.num_minibatches=16"], "rl.num_minibatches"),
-        (["trainer.world_size=2", "trainer.backend=nccl"], "trainer.backend=nccl"),
+        (["trainer.world_size=2", "trainer.process_group=nccl"], "trainer.process_group=nccl"),
         (["trainer.world_size=2", "trainer.heartbeat_s=0"], "trainer.heartbeat_s"),
     ],
 )

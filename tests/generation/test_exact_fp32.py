@@ -21,7 +21,7 @@ from zkl import invariance
 from zkl.generation.sampling import SamplingParams
 from zkl.generation.scheduler import Request, Scheduler
 from zkl.models.build import build_model
-from zkl.models.config import ModelConfig
+from zkl.models.config import ModelConfig, MoEConfig, RopeConfig
 from zkl.ops import activations
 from zkl.trainer.scoring import score
 
@@ -35,10 +35,8 @@ GPT_OSS = ModelConfig(
     num_key_value_heads=2,
     head_dim=16,
     intermediate_size=40,
-    moe_intermediate_size=40,
-    num_experts=5,
-    num_experts_per_tok=3,
-    rope_theta=150000.0,
+    moe=MoEConfig(num_experts=5, num_experts_per_tok=3, intermediate_size=40),
+    rope=RopeConfig(type="yarn", theta=150000.0, factor=8.0, original_max_position_embeddings=32),
     qkv_bias=True,
     o_proj_bias=True,
     qk_norm=False,
@@ -46,8 +44,6 @@ GPT_OSS = ModelConfig(
     attention_sinks=True,
     sliding_window=6,
     layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-    yarn_factor=8.0,
-    yarn_original_max_position_embeddings=32,
 )
 DENSE = dict(
     vocab_size=96,

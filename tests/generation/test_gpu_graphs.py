@@ -111,7 +111,7 @@ def test_graphs_refused_or_skipped_where_decode_syncs():
     and `auto` decodes eagerly; bf16 MoE and hybrid decode on the device and are captured."""
     auto = {"max_batch_size": 4, "eos_id": 1, "cuda_graphs": "auto"}
     for syncs in (_model("tiny_moe", quant="mxfp8"), _model("tiny_hybrid", quant="mxfp8")):
-        with pytest.raises(ValueError, match="engine.cuda_graphs=on"):
+        with pytest.raises(ValueError, match="scheduler.cuda_graphs=on"):
             Scheduler(syncs, max_batch_size=4, eos_id=1, cuda_graphs="on")
         assert Scheduler(syncs, **auto).decoder is None  # auto: eager where decode syncs
     for name in ("tiny_dense", "tiny_moe", "tiny_hybrid"):

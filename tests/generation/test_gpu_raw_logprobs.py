@@ -61,7 +61,7 @@ def test_default_mode_reported_logprob_ignores_the_filter_with_and_without_graph
 
 @pytest.mark.parametrize("layout", ["colocated", "dedicated"])
 def test_run_metrics_compare_raw_with_raw_on_gpu_with_graphs(tmp_path, layout):
-    rows = _runs(tmp_path, layout, "device=cuda", "engine.cuda_graphs=on")
+    rows = _runs(tmp_path, layout, "device=cuda", "scheduler.cuda_graphs=on")
     for filtered in (False, True):
         zero = rows["zero", filtered]
         assert zero["train/gen_kl_error"] == 0.0 and zero["train/max_abs_logprob_diff"] == 0.0

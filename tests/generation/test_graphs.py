@@ -134,12 +134,12 @@ def test_graph_setting_is_checked_and_explained():
     assert "MoE" in graph_unsupported_reason(quantized.cfg, cpu, quantizes(quantized))
     hybrid = build_model(make_cfg("model=tiny_hybrid").model, torch.bfloat16, seed=1)
     assert "CUDA device" in graph_unsupported_reason(hybrid.cfg, cpu)  # Mamba commits on device
-    megatron_moe = graph_unsupported_reason(moe.cfg, cpu, backend="megatron_local")
-    assert "megatron-core's MoE" in megatron_moe  # its token dispatcher reads sizes back
-    assert "CUDA device" in graph_unsupported_reason(dense.cfg, cpu, backend="megatron_local")
-    with pytest.raises(ValueError, match="engine.cuda_graphs=on"):
+    megatron_moe = graph_unsupported_reason(moe.cfg, cpu, engine="megatron_local")
+    assert "MoE layers of engine.name=megatron_local" in megatron_moe  # its dispatcher reads sizes
+    assert "CUDA device" in graph_unsupported_reason(dense.cfg, cpu, engine="megatron_local")
+    with pytest.raises(ValueError, match="scheduler.cuda_graphs=on"):
         Scheduler(dense, max_batch_size=2, eos_id=None, cuda_graphs="on")
-    with pytest.raises(ValueError, match="engine.cuda_graphs"):
+    with pytest.raises(ValueError, match="scheduler.cuda_graphs"):
         Scheduler(dense, max_batch_size=2, eos_id=None, cuda_graphs="sometimes")
     for model in (dense, moe):  # auto on the CPU: no graphs, no error
         assert Scheduler(model, max_batch_size=2, eos_id=None).decoder is None

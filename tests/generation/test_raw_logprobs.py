@@ -40,7 +40,7 @@ def _requests(temperature: float, top_k: int, top_p: float, n: int = 24) -> list
 def _rollout(model, mode: str, requests: list[Request], **engine):
     """(completions, lp_train) in `mode`; no EOS, so every run's batches are the same rows at
     the same positions (default mode is not batch invariant, so that matters). `engine`:
-    more Scheduler knobs (engine.cuda_graphs)."""
+    more Scheduler knobs (scheduler.cuda_graphs)."""
     with invariance.enabled(MODES[mode]):
         done = Scheduler(model, max_batch_size=8, eos_id=None, **engine).generate(requests)
         temps = [r.params.temperature for r in requests]

@@ -12,10 +12,10 @@ import torch
 from tests.conftest import make_cfg, small_model
 from zkl import invariance
 from zkl.errors import ConfigError
-from zkl.generation.routes import RouteTape, mismatch_metrics, replay_batch
 from zkl.generation.sampling import SamplingParams
 from zkl.generation.scheduler import Request, Scheduler
 from zkl.rl.loss import grpo_loss
+from zkl.routes import RouteTape, replay_batch, routing_metrics
 from zkl.run.validate import validate
 from zkl.trainer.batch import UpdateBatch
 from zkl.trainer.build import build_policy
@@ -44,12 +44,12 @@ def _generate(model, fixes=ALL, **kwargs):
 def test_routes_are_recorded_compactly_for_every_input_position():
     model = small_model(moe=True)
     done = _generate(model, max_batch_size=2, prefill_chunk=3)
-    layers, k = model.cfg.num_hidden_layers, model.cfg.num_experts_per_tok
+    layers, k = model.cfg.num_hidden_layers, model.cfg.moe.num_experts_per_tok
     for c in done:
         assert c.routes.dtype == torch.int8
         assert c.routes.shape == (len(c.prompt) + len(c.tokens), layers, k)
         assert bool((c.routes[:-1] >= 0).all()) and bool((c.routes[-1] == -1).all())
-        assert bool((c.routes[:-1] < model.cfg.num_experts).all())
+        assert bool((c.routes[:-1] < model.cfg.moe.num_experts).all())
     # the same routes whatever the schedule (zero mode: a route is a function of the prefix)
     again = _generate(model, max_batch_size=5)
     assert all(torch.equal(a.routes, b.routes) for a, b in zip(done, again))
@@ -66,7 +66,7 @@ def test_routes_are_recorded_compactly_for_every_input_position():
             route_counts=counts,
         )
     assert counts[0] == sum(len(c.prompt) + len(c.tokens) - 1 for c in done) * layers
-    assert mismatch_metrics(counts) == {
+    assert routing_metrics(counts) == {
         "routing/decision_mismatch_frac": 0.0,
         "routing/token_mismatch_frac": 0.0,
     }
@@ -104,19 +104,19 @@ def test_forged_routes_steer_the_experts_and_the_gate_stays_differentiable():
     for c in done:
         r = c.routes.clone()
         known = r >= 0
-        r[known] = (r[known] + 1) % model.cfg.num_experts  # every choice moved one expert on
+        r[known] = (r[known] + 1) % model.cfg.moe.num_experts  # every choice moved one expert on
         forged.append(r)
     counts = torch.zeros(4, dtype=torch.float64)
     with invariance.enabled(ALL):
         own = score(model, prompts, responses)
         moved = score(model, prompts, responses, routes=forged, route_counts=counts)
-        assert mismatch_metrics(counts)["routing/token_mismatch_frac"] == 1.0  # layer 0's
+        assert routing_metrics(counts)["routing/token_mismatch_frac"] == 1.0  # layer 0's
         counts.zero_()
         compared = score(
             model, prompts, responses, routes=forged, replay=False, route_counts=counts
         )
         assert all(torch.equal(a, b) for a, b in zip(own, compared))  # compared, not used
-        assert set(mismatch_metrics(counts).values()) == {1.0}
+        assert set(routing_metrics(counts).values()) == {1.0}
         assert not all(torch.equal(a, b) for a, b in zip(own, moved))
         from zkl.trainer.batch import pad_sequences
         from zkl.trainer.scoring import sequence_logprobs

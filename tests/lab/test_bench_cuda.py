@@ -38,15 +38,15 @@ def test_moe_roofline_counts_the_experts_a_step_reads():
     model = build_model(cfg, torch.bfloat16, seed=1)
     layers = moe_layers(model)
     expert = sum(p.numel() * p.element_size() for p in layers[0].experts[0].parameters())
-    every = [cfg.num_experts] * len(layers)
+    every = [cfg.moe.num_experts] * len(layers)
     assert decode_bytes(model, 2, 10.0, every) == decode_bytes(model, 2, 10.0)
     one = [1] * len(layers)
-    saved = len(layers) * (cfg.num_experts - 1) * expert
+    saved = len(layers) * (cfg.moe.num_experts - 1) * expert
     assert decode_bytes(model, 2, 10.0, one) == decode_bytes(model, 2, 10.0) - saved
     read = bench_cuda.experts_read(model, batch=3)
     assert len(read) == len(layers)
-    top_k = cfg.num_experts_per_tok
-    assert all(top_k <= n <= min(cfg.num_experts, 3 * top_k) for n in read), read
+    top_k = cfg.moe.num_experts_per_tok
+    assert all(top_k <= n <= min(cfg.moe.num_experts, 3 * top_k) for n in read), read
 
 
 def test_gemm_shapes_and_table():
@@ -88,7 +88,7 @@ def test_cuda_table_on_a_tiny_moe_model():
     for batch in (1, 4):
         assert out[f"gen/b{batch}/zero/graphs"] == 1 and out[f"gen/b{batch}/default/graphs"] == 1
         assert out[f"gen/b{batch}/zero/peak_gib"] > 0
-        assert out[f"roofline/b{batch}/experts_read_per_layer"] >= cfg.num_experts_per_tok
+        assert out[f"roofline/b{batch}/experts_read_per_layer"] >= cfg.moe.num_experts_per_tok
     assert out["train/zero/step_s"] > 0 and not any(k.startswith("gemm/") for k in out)
 
 

@@ -1,4 +1,4 @@
-"""The dedicated generator's placement (`layout.backend=nccl`: a GPU of its own) and the
+"""The dedicated generator's placement (`layout.transport=nccl`: a GPU of its own) and the
 transport's peak bandwidth a refit is compared against, checked on the CPU.
 
 The two-GPU runs themselves are in tests/layouts/test_multi_gpu.py (nvidia-h200-x2); here a fake
@@ -23,7 +23,7 @@ from zkl.run.validate import validate
 from zkl.trainer.build import build_policy
 
 HUGE = 10**15
-NCCL = ["+layout=dedicated", "layout.backend=nccl"]
+NCCL = ["+layout=dedicated", "layout.transport=nccl"]
 
 
 @pytest.fixture
@@ -42,8 +42,8 @@ def one_sentence(*overrides: str) -> str:
 
 def test_nccl_needs_two_gpus_on_this_cpu_machine():
     message = one_sentence(*NCCL)
-    assert message.startswith("layout.backend=nccl puts the generator on a GPU of its own")
-    assert "this machine has 0" in message and message.endswith("use layout.backend=auto.")
+    assert message.startswith("layout.transport=nccl puts the generator on a GPU of its own")
+    assert "this machine has 0" in message and message.endswith("use layout.transport=auto.")
 
 
 def test_the_generator_defaults_to_the_gpu_after_the_trainers(two_gpus):
@@ -63,7 +63,7 @@ def test_the_generator_defaults_to_the_gpu_after_the_trainers(two_gpus):
         (["layout.generator_device=cuda:2"], "layout.generator_device='cuda:2' must be cuda:N"),
         (["layout.generator_device=cpu"], "layout.generator_device='cpu' must be cuda:N"),
         (["layout.generator_device=gpu1"], "layout.generator_device='gpu1' must be cpu, cuda:N"),
-        (["layout.name=colocated"], "layout.backend=nccl is for +layout=dedicated"),
+        (["layout.name=colocated"], "layout.transport=nccl is for +layout=dedicated"),
     ],
 )
 def test_a_placement_that_cannot_run_is_one_sentence(two_gpus, overrides, start):
@@ -72,7 +72,7 @@ def test_a_placement_that_cannot_run_is_one_sentence(two_gpus, overrides, start)
 
 def test_generator_device_without_nccl_is_refused(two_gpus):
     message = one_sentence("device=cuda:0", "+layout=dedicated", "layout.generator_device=cuda:1")
-    assert message.startswith("layout.generator_device='cuda:1' needs layout.backend=nccl")
+    assert message.startswith("layout.generator_device='cuda:1' needs layout.transport=nccl")
     validate(make_cfg("device=cuda:0", "+layout=dedicated", "layout.generator_device=cuda:0"))
 
 

@@ -1,4 +1,4 @@
-"""The dedicated generator on a GPU of its own (`layout.backend=nccl`), on two GPUs of one
+"""The dedicated generator on a GPU of its own (`layout.transport=nccl`), on two GPUs of one
 host (nvidia-h200-x2: `python -m pytest -m gpu tests/layouts/test_multi_gpu.py`). Skipped with
 fewer than two CUDA devices."""
 
@@ -26,7 +26,7 @@ pytestmark = [
         not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two GPUs"
     ),
 ]
-NCCL = ["+layout=dedicated", "layout.backend=nccl", "device=cuda:0"]
+NCCL = ["+layout=dedicated", "layout.transport=nccl", "device=cuda:0"]
 
 
 @pytest.mark.parametrize("model", ["tiny_dense", "tiny_moe"])

@@ -13,10 +13,9 @@ import torch
 from tests.conftest import make_cfg
 from tests.megatron import mixed_length_requests
 from zkl import invariance
+from zkl.engines import engine_named, engine_problem, megatron_engines
 from zkl.errors import ConfigError
-from zkl.megatron.check import engine_problem
 from zkl.megatron.mapping import (
-    ENGINES,
     from_megatron,
     gpt_model_kwargs,
     group_qkv,
@@ -24,18 +23,20 @@ from zkl.megatron.mapping import (
     transformer_config_kwargs,
 )
 from zkl.models.build import build_model
-from zkl.models.config import ModelConfig
+from zkl.models.config import ModelConfig, replaced
+from zkl.models.registry import FAMILIES
 from zkl.models.transformer import Transformer, init_weights
 from zkl.run.validate import validate
 
+ENGINES = [e.name for e in megatron_engines()]
 HAVE_MEGATRON = sys.version_info >= (3, 12) and importlib.util.find_spec("megatron") is not None
 
 
 def model_cfg(name: str, **edits) -> ModelConfig:
+    """`model=name` with top-level edits, and `moe` edits as a dict of its keys."""
     cfg = make_cfg(f"model={name}").model
-    for k, v in edits.items():
-        setattr(cfg, k, v)
-    return cfg
+    moe = edits.pop("moe", {})
+    return replaced(cfg, {**edits, **{f"moe.{k}": v for k, v in moe.items()}})
 
 
 def test_transformer_config_dense_and_moe():
@@ -47,11 +48,13 @@ def test_transformer_config_dense_and_moe():
     assert "num_moe_experts" not in dense
     moe_cfg = model_cfg("tiny_moe")
     moe = transformer_config_kwargs(moe_cfg, "float32")
-    assert moe["num_moe_experts"] == moe_cfg.num_experts and moe["bf16"] is False
-    assert moe["moe_router_topk"] == moe_cfg.num_experts_per_tok
-    assert moe["moe_router_pre_softmax"] is (not moe_cfg.norm_topk_prob)
+    assert moe["num_moe_experts"] == moe_cfg.moe.num_experts and moe["bf16"] is False
+    assert moe["moe_router_topk"] == moe_cfg.moe.num_experts_per_tok
+    assert moe["moe_router_pre_softmax"] is (not moe_cfg.moe.norm_topk_prob)
     assert moe["moe_layer_freq"] == [1] * moe_cfg.num_hidden_layers
-    mixed = transformer_config_kwargs(model_cfg("tiny_moe", mlp_only_layers=[0]), "bfloat16")
+    mixed = transformer_config_kwargs(
+        model_cfg("tiny_moe", moe={"mlp_only_layers": [0]}), "bfloat16"
+    )
     assert mixed["moe_layer_freq"][0] == 0
     assert gpt_model_kwargs(moe_cfg)["position_embedding_type"] == "none"
     with pytest.raises(ValueError, match="nemotron_h"):
@@ -80,8 +83,8 @@ def test_name_mapping_round_trip(name, edits, engine):
     # every native tensor lands somewhere: the megatron dict holds exactly as many elements
     unique = {t.data_ptr(): t for t in state.values()}  # a tied lm_head is the embedding
     assert sum(t.numel() for t in theirs.values()) == sum(t.numel() for t in unique.values())
-    fused_norm = engine != "megatron_local"
-    assert ("decoder.layers.0.self_attention.linear_qkv.layer_norm_weight" in theirs) is fused_norm
+    fused_norm = "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight" in theirs
+    assert fused_norm is engine_named(engine).fused_norm
 
 
 def test_fused_qkv_is_grouped_per_kv_head():
@@ -99,7 +102,7 @@ def test_fused_qkv_is_grouped_per_kv_head():
 def test_engine_problem_sentences():
     yes = lambda _: True  # noqa: E731
     no = lambda _: False  # noqa: E731
-    common = {"on_cuda": True, "model_family": "qwen3", "linear_quant": "none"}
+    common = {"on_cuda": True, "family": FAMILIES["qwen3"], "linear_quant": "none"}
     old = engine_problem("megatron_local", "colocated", python=(3, 11), installed=yes, **common)
     assert "Python >= 3.12" in old and "3.11" in old
     missing = engine_problem("megatron_local", "colocated", python=(3, 12), installed=no, **common)
@@ -129,16 +132,21 @@ def test_engine_problem_sentences():
         python=(3, 12),
         installed=yes,
         on_cuda=False,
-        model_family="qwen3",
+        family=FAMILIES["qwen3"],
         linear_quant="none",
     )
     assert "device=cuda" in cpu
+    hybrid = {**common, "family": FAMILIES["nemotron_h"]}
+    unmapped = engine_problem(
+        "megatron_local", "colocated", python=(3, 12), installed=yes, **hybrid
+    )
+    assert unmapped == "engine=megatron_local has no nemotron_h mapping yet; use engine=native."
     mx = {**common, "linear_quant": "mxfp8"}
     te_mx = engine_problem("transformer_engine", "colocated", python=(3, 12), installed=yes, **mx)
     assert "MXFP8 recipe needs compute capability 10.0" in te_mx and "+precision=bf16" in te_mx
     local_mx = engine_problem("megatron_local", "colocated", python=(3, 12), installed=yes, **mx)
     assert "bf16/fp32 recipes only;" in local_mx and "Transformer Engine" not in local_mx
-    for msg in (old, missing, colo, cpu, te_mx, local_mx):
+    for msg in (old, missing, colo, cpu, unmapped, te_mx, local_mx):
         assert "\n" not in msg and msg.count(". ") == 0 and msg.endswith(".")
     assert engine_problem("native", "colocated", **common) is None
 
@@ -147,7 +155,7 @@ def test_engine_problem_sentences():
 def test_config_refuses_engine_it_cannot_run(engine):
     """On this machine: the one sentence of `engine_problem`, raised by validate."""
     cfg = make_cfg(f"engine={engine}")
-    expected = engine_problem(engine, cfg.layout.name, False, cfg.model.family, "none")
+    expected = engine_problem(engine, cfg.layout.name, False, FAMILIES[cfg.model.family], "none")
     assert expected is not None  # device=cpu: never runnable here
     with pytest.raises(ConfigError) as err:
         validate(cfg)

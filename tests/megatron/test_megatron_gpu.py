@@ -12,8 +12,7 @@ import torch
 from tests.conftest import SMALL, make_cfg
 from tests.megatron import mixed_length_requests
 from zkl import invariance
-from zkl.megatron.check import DEDICATED_ONLY_ENGINES, TE_ENGINES
-from zkl.megatron.mapping import ENGINES
+from zkl.engines import TRANSFORMER_ENGINE, engine_named, megatron_engines
 from zkl.models.build import build_model
 from zkl.rl.loop import run
 from zkl.trainer.scoring import sequence_logprobs
@@ -27,7 +26,9 @@ PEER_ATOL = 0.05
 PEER_RTOL = 0.05
 
 
-COLOCATED_ENGINES = tuple(e for e in ENGINES if e not in DEDICATED_ONLY_ENGINES)
+ENGINES = [e.name for e in megatron_engines()]
+TE_ENGINES = [e.name for e in megatron_engines() if TRANSFORMER_ENGINE in e.needs]
+COLOCATED_ENGINES = [e.name for e in megatron_engines() if not e.dedicated_only]
 
 
 def _needs(engine: str) -> None:
@@ -37,7 +38,7 @@ def _needs(engine: str) -> None:
 
 def _cfg(model: str, *extra: str, engine: str = "megatron_local"):
     _needs(engine)
-    layout = ["+layout=dedicated"] if engine in DEDICATED_ONLY_ENGINES else []
+    layout = ["+layout=dedicated"] if engine_named(engine).dedicated_only else []
     return make_cfg(f"model={model}", f"engine={engine}", "device=cuda", *SMALL, *layout, *extra)
 
 

@@ -5,15 +5,21 @@ a family zkl does not run, and docs that list every family it reads."""
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 import json
 import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import make_cfg
+from tests.helpers.doc_lists import adding_steps, step_places, table_rows
 from tests.test_hostile_input import refusal
-from zkl.models.config import ModelConfig
+from zkl.models.causal_lm import CausalLM
+from zkl.models.config import SECTIONS, ModelConfig
+from zkl.models.family import Family
 from zkl.models.hf_checkpoint import model_config_from_hf
 from zkl.models.registry import FAMILIES, build_on_meta, family_of_hf, param_count
 
@@ -142,5 +148,76 @@ def test_a_window_wider_than_the_context_is_one_sentence():
     assert "model.sliding_window must be 0" in refusal(
         ["model=tiny_llama", "model.sliding_window=8"]
     )
-    assert "model.rope_type='dynamic'" in refusal(["model=tiny_llama", "model.rope_type=dynamic"])
+    assert "model.rope.type='dynamic'" in refusal(["model=tiny_llama", "model.rope.type=dynamic"])
     assert "qwen2" in refusal(["model.family=gpt2"]) and "mistral" in refusal(["model.family=gpt2"])
+
+
+# -- docs/families.md's "Adding a family" ---------------------------------------------------
+
+FAMILY_DOC = ROOT / "docs" / "families.md"
+SHARED_MODELS = {"zkl/models/transformer.py"}  # a model class more than one family reuses
+
+
+def _module_file(obj: object) -> str:
+    return str(Path(inspect.getsourcefile(obj)).relative_to(ROOT))
+
+
+def _entries_defined_in_family_files() -> set[int]:
+    """Every `Family` a `zkl/models/*_family.py` module defines (ids: entries do not hash)."""
+    found = set()
+    for path in (ROOT / "zkl" / "models").glob("*_family.py"):
+        module = importlib.import_module(f"zkl.models.{path.stem}")
+        found |= {id(v) for v in vars(module).values() if isinstance(v, Family)}
+    return found
+
+
+def _configs_of(family: str) -> list[str]:
+    confs = (ROOT / "conf" / "model").glob("*.yaml")
+    return sorted(p.stem for p in confs if yaml.safe_load(p.read_text())["family"] == family)
+
+
+def _doc_row(entry: Family) -> list[str]:
+    """The cells after the name of the family's row in docs/families.md, from its entry."""
+    return [
+        f"{' '.join(entry.model_types)} / {' '.join(entry.architectures)}",
+        entry.model_class.__name__,
+        entry.cache,
+        ", ".join(sorted(entry.capabilities)),
+        ", ".join(sorted(entry.sections)),
+        "yes" if entry.megatron else "no",
+        ", ".join(f"`{c}`" for c in _configs_of(entry.name)),
+    ]
+
+
+FAMILY_STEPS = {
+    "zkl/models/<model>.py": lambda e: (
+        issubclass(e.model_class, CausalLM)
+        and _module_file(e.model_class) in {*e.modules, *SHARED_MODELS}
+    ),
+    "zkl/models/<family>_family.py": lambda e: (
+        any(re.fullmatch(r"zkl/models/\w+_family\.py", m) for m in e.modules)
+        and e.sections <= set(SECTIONS)
+    ),
+    "zkl/models/registry.py": lambda e: (
+        id(e) in _entries_defined_in_family_files() and FAMILIES[e.name] is e
+    ),
+    "conf/model/<name>.yaml": lambda e: bool(_configs_of(e.name)),
+    "docs/families.md": lambda e: table_rows(FAMILY_DOC).get(e.name) == _doc_row(e),
+    "README.md": lambda e: all(
+        e.name in names
+        for doc in ("README.md", "docs/recipes.md")
+        for names in listed_families((ROOT / doc).read_text())
+    ),
+}
+
+
+def test_adding_a_family_takes_the_steps_its_list_says():
+    """Each step of docs/families.md's list names its place first, and that place holds for
+    every family the registry has (and every entry a family file defines is registered); no
+    step goes unchecked."""
+    places = step_places(adding_steps(FAMILY_DOC, "Adding a family"))
+    assert places == list(FAMILY_STEPS), places
+    for place, holds in FAMILY_STEPS.items():
+        for entry in FAMILIES.values():
+            assert holds(entry), (place, entry.name)
+    assert len(_entries_defined_in_family_files()) == len(FAMILIES)

@@ -97,7 +97,7 @@ def _logits(model, tokens, invariant: bool) -> torch.Tensor:
 def test_logits_match_transformers_past_the_window(saved, dtype, invariant):
     directory, hf = saved
     cfg = model_config_from_hf(directory)
-    assert (cfg.family, cfg.sliding_window, cfg.yarn_factor) == ("gpt_oss", WINDOW, 8.0)
+    assert (cfg.family, cfg.sliding_window, cfg.rope.factor) == ("gpt_oss", WINDOW, 8.0)
     tokens = tokens_batch()
     with torch.no_grad():
         want = hf.to(dtype)(input_ids=tokens).logits.float()
@@ -167,7 +167,7 @@ def test_mxfp4_dequantization_matches_transformers_and_loads(saved, tmp_path):
         want = hf_mxfp4.convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
         assert torch.equal(mxfp4.dequantize(blocks, scales).transpose(1, 2), want)
         layer = key.split(".")[2]
-        for x in range(cfg.num_experts):
+        for x in range(cfg.moe.num_experts):
             prefix = f"layers.{layer}.mlp.experts.{x}"
             if key.endswith("gate_up_proj"):  # interleaved in HF, gate rows first in zkl
                 fused = sd[f"{prefix}.gate_up_proj.weight"]

@@ -10,6 +10,7 @@ import torch
 
 from tests.conftest import make_cfg
 from zkl.models.build import build_model
+from zkl.models.config import value_at
 from zkl.models.hf_export import hf_config, save_checkpoint
 
 # transformers' Qwen3 against zkl on the same fp32 weights: the same math in other orders
@@ -23,8 +24,8 @@ def test_written_checkpoint_reads_back_bit_for_bit(model, tmp_path):
     ours = build_model(cfg, torch.float32, seed=11)
     save_checkpoint(ours, tmp_path)
     back_cfg = make_cfg(f"model.checkpoint={tmp_path}").model
-    for key in ("family", "hidden_size", "num_hidden_layers", "num_experts", "qk_norm"):
-        assert getattr(back_cfg, key) == getattr(cfg, key), key
+    for key in ("family", "hidden_size", "num_hidden_layers", "moe.num_experts", "qk_norm"):
+        assert value_at(back_cfg, key) == value_at(cfg, key), key
     back = build_model(back_cfg, torch.float32)
     theirs = back.state_dict()
     assert set(theirs) == set(ours.state_dict())

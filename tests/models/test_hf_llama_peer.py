@@ -16,6 +16,7 @@ import transformers
 from tests.models.test_hf_peer import COMMON as PEER_COMMON
 from tests.models.test_hf_peer import TOL, randomize_, zkl_logits
 from zkl.models.build import build_model
+from zkl.models.config import replaced
 from zkl.models.hf_checkpoint import model_config_from_hf
 
 # bf16 logits of |x| <= ~4 after 2 layers: each side rounds every activation to 8 bits of
@@ -78,11 +79,11 @@ def saved(tmp_path_factory):
 
 def test_configs_read_from_the_checkpoints(saved):
     llama = model_config_from_hf(saved["llama3"][0])
-    assert (llama.family, llama.rope_type, llama.rope_factor) == ("llama", "llama3", 4.0)
-    assert llama.rope_original_max_position_embeddings == 16
+    assert (llama.family, llama.rope.type, llama.rope.factor) == ("llama", "llama3", 4.0)
+    assert llama.rope.original_max_position_embeddings == 16
     assert llama.qkv_bias and llama.o_proj_bias and llama.mlp_bias and not llama.qk_norm
     linear = model_config_from_hf(saved["llama_linear"][0])
-    assert (linear.rope_type, linear.rope_factor, linear.head_dim) == ("linear", 2.0, 32)
+    assert (linear.rope.type, linear.rope.factor, linear.head_dim) == ("linear", 2.0, 32)
     mistral = model_config_from_hf(saved["mistral"][0])
     assert (mistral.family, mistral.sliding_window) == ("mistral", 8)
 
@@ -109,9 +110,8 @@ def test_bf16_logits_match_hf(saved, case):
 
 def test_without_the_window_or_the_scaling_the_logits_differ(saved):
     """The features are load-bearing at these lengths: turning either off moves the logits."""
-    for case, key, off in (("mistral", "sliding_window", 0), ("llama3", "rope_type", "default")):
+    for case, key, off in (("mistral", "sliding_window", 0), ("llama3", "rope.type", "default")):
         directory, tokens, hf_logits, _ = saved[case]
-        cfg = model_config_from_hf(directory)
-        setattr(cfg, key, off)
+        cfg = replaced(model_config_from_hf(directory), {key: off})
         model = build_model(cfg, torch.float32).eval()
         assert (zkl_logits(model, tokens, False) - hf_logits).abs().max().item() > 1e-2, case

@@ -158,17 +158,22 @@ def test_config_mapping(saved):
     assert (qwen2.qkv_bias, qwen2.qk_norm, qwen2.head_dim) == (True, False, 16)
     assert qwen2.tie_word_embeddings and qwen2.rms_norm_eps == 1e-5
     untied = model_config_from_hf(saved["qwen2_untied"][0], name="x")
-    assert not untied.tie_word_embeddings and untied.rope_theta == 1000.0 and untied.name == "x"
+    assert not untied.tie_word_embeddings and untied.rope.theta == 1000.0 and untied.name == "x"
     qwen3 = model_config_from_hf(saved["qwen3"][0])
-    assert (qwen3.qkv_bias, qwen3.qk_norm, qwen3.head_dim, qwen3.rope_theta) == (
+    assert (qwen3.qkv_bias, qwen3.qk_norm, qwen3.head_dim, qwen3.rope.theta) == (
         False,
         True,
         32,
         1e6,
     )
     moe = model_config_from_hf(saved["qwen3_moe"][0])
-    assert (moe.num_experts, moe.num_experts_per_tok, moe.moe_intermediate_size) == (4, 2, 24)
-    assert moe.norm_topk_prob and moe.mlp_only_layers == [1]
+    experts = moe.moe
+    assert (experts.num_experts, experts.num_experts_per_tok, experts.intermediate_size) == (
+        4,
+        2,
+        24,
+    )
+    assert experts.norm_topk_prob and experts.mlp_only_layers == [1]
     assert [moe.layer_is_moe(i) for i in range(3)] == [True, False, True]
 
 
@@ -252,7 +257,7 @@ def test_legacy_rope_theta_key(saved, tmp_path):
     directory = _config_variant(
         saved, tmp_path, rope_parameters=None, rope_scaling=None, rope_theta=5e5
     )
-    assert model_config_from_hf(directory).rope_theta == 5e5
+    assert model_config_from_hf(directory).rope.theta == 5e5
 
 
 def test_missing_key_and_bad_shape_raise(saved, tmp_path):

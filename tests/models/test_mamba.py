@@ -112,10 +112,12 @@ def test_the_scan_estimate_does_not_grow_with_the_batch():
     """Nemotron-H's widths at 64 rollouts of 8k tokens: the scan's transient stays at two
     pieces' worth (about 2 GB), where the whole batch's blocks would be 550 TB."""
     m = make_cfg("model=nemotron3_nano_30b_a3b").model
-    piece = mamba2.scan_piece_chunks(m.chunk_size, m.mamba_num_heads, m.ssm_state_size)
-    one_chunk = m.chunk_size**2 * m.mamba_num_heads * max(m.ssm_state_size, m.mamba_head_dim) * 4
+    piece = mamba2.scan_piece_chunks(m.mamba.chunk_size, m.mamba.num_heads, m.mamba.state_size)
+    one_chunk = (
+        m.mamba.chunk_size**2 * m.mamba.num_heads * max(m.mamba.state_size, m.mamba.head_dim) * 4
+    )
     assert memory.mamba_scan_bytes(m, 64, 8192) == 2.0 * piece * one_chunk <= 2 * 2**30
-    assert memory.mamba_scan_bytes(m, 1, m.chunk_size) == 2.0 * one_chunk
+    assert memory.mamba_scan_bytes(m, 1, m.mamba.chunk_size) == 2.0 * one_chunk
 
 
 def test_mamba_chunked_decode_fix():
@@ -210,8 +212,8 @@ def test_the_update_estimate_holds_what_the_scan_keeps(checkpointing):
     `memory.mamba_saved_bytes` says, up to one state and the causal mask per layer."""
     cfg = make_cfg("model=tiny_hybrid", f"trainer.activation_checkpointing={checkpointing}")
     m = cfg.model
-    b, n, Q = 2, 16, m.chunk_size
-    H, P, N = m.mamba_num_heads, m.mamba_head_dim, m.ssm_state_size
+    b, n, Q = 2, 16, m.mamba.chunk_size
+    H, P, N = m.mamba.num_heads, m.mamba.head_dim, m.mamba.state_size
     g = torch.Generator().manual_seed(0)
     x, B, C = (torch.randn(b, n * Q, H, d, generator=g, requires_grad=True) for d in (P, N, N))
     dt = (torch.rand(b, n * Q, H, generator=g) * 0.5).requires_grad_()

@@ -15,25 +15,26 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from zkl import invariance, ops
-from zkl.models.config import ModelConfig
+from zkl.models.config import ModelConfig, MoEConfig
 from zkl.models.nemotron_h import HybridMoE
 from zkl.models.transformer import Qwen3MoE
 
 MOE = ModelConfig(
     family="qwen3_moe",
     hidden_size=64,
-    num_experts=8,
-    num_experts_per_tok=4,  # four adds a token: the combine's rounding order shows
-    moe_intermediate_size=48,
+    # four adds a token: the combine's rounding order shows
+    moe=MoEConfig(num_experts=8, num_experts_per_tok=4, intermediate_size=48),
 )
 HYBRID = ModelConfig(
     family="nemotron_h",
     hidden_size=64,
-    n_routed_experts=8,
-    num_experts_per_tok=2,
-    moe_intermediate_size=48,
-    moe_shared_expert_intermediate_size=32,
-    routed_scaling_factor=2.5,
+    moe=MoEConfig(
+        num_experts=8,
+        num_experts_per_tok=2,
+        intermediate_size=48,
+        shared_expert_intermediate_size=32,
+        routed_scaling_factor=2.5,
+    ),
 )
 FIXES = {"moe_combine_order", "batch_invariant_gemm", "batch_invariant_reductions"}
 

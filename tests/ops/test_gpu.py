@@ -15,7 +15,7 @@ from zkl import invariance
 from zkl.generation.sampling import SamplingParams, sample
 from zkl.generation.scheduler import Request, Scheduler
 from zkl.models.build import build_model
-from zkl.models.config import ModelConfig
+from zkl.models.config import ModelConfig, MoEConfig
 from zkl.models.transformer import Qwen3MoE
 from zkl.ops import fast
 from zkl.rl.loop import run
@@ -194,9 +194,7 @@ def test_moe_grouped_combine_invariant_on_gpu():
     cfg = ModelConfig(
         family="qwen3_moe",
         hidden_size=256,
-        num_experts=16,
-        num_experts_per_tok=4,
-        moe_intermediate_size=128,
+        moe=MoEConfig(num_experts=16, num_experts_per_tok=4, intermediate_size=128),
     )
     moe = Qwen3MoE(cfg).to(DEV)
     g = torch.Generator(device=DEV).manual_seed(5)
@@ -297,7 +295,9 @@ def test_grpo_zero_with_cuda_graphs_on(tmp_path, layout, precision):
     """The whole loop with decode replayed from CUDA graphs: refits keep (bf16) or recapture
     (mxfp8) the graphs, and every step is still exactly zero, in both kv modes."""
     common = ["model=tiny_dense", f"+precision={precision}", "device=cuda", "rl.steps=3", *SMALL]
-    common += ["engine.cuda_graphs=on"] + (["+layout=dedicated"] if layout == "dedicated" else [])
+    common += ["scheduler.cuda_graphs=on"] + (
+        ["+layout=dedicated"] if layout == "dedicated" else []
+    )
     for kv in ("recompute", "persist"):
         rows = run(make_cfg(*common, f"kv={kv}"), tmp_path / kv)
         assert all(r["train/max_abs_logprob_diff"] == 0.0 for r in rows), kv

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from zkl import invariance
-from zkl.models.config import ModelConfig
+from zkl.models.config import ModelConfig, MoEConfig
 from zkl.models.transformer import Qwen3MoE
 from zkl.ops import fast, invariant
 
@@ -125,7 +125,8 @@ def test_attention_chunked_prefill_equals_whole():
 def test_moe_combine_independent_of_dispatch_order():
     """Adding expert outputs in dispatch order (as GPU atomics do) changes bf16 results."""
     cfg = ModelConfig(
-        family="qwen3_moe", num_experts=8, num_experts_per_tok=4, moe_intermediate_size=32
+        family="qwen3_moe",
+        moe=MoEConfig(num_experts=8, num_experts_per_tok=4, intermediate_size=32),
     )
     moe = Qwen3MoE(cfg)
     g = torch.Generator().manual_seed(5)
@@ -147,7 +148,8 @@ def test_moe_combine_independent_of_dispatch_order():
 
 def test_moe_router_tie_break_is_stable():
     cfg = ModelConfig(
-        family="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32
+        family="qwen3_moe",
+        moe=MoEConfig(num_experts=4, num_experts_per_tok=2, intermediate_size=32),
     )
     moe = Qwen3MoE(cfg)
     with torch.no_grad():

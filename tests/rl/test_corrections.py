@@ -10,7 +10,7 @@ import torch
 
 from tests.conftest import make_cfg
 from zkl.errors import ConfigError
-from zkl.rl.config import CORRECTION_MODES, CorrectionConfig
+from zkl.rl.config import CORRECTIONS, CorrectionConfig
 from zkl.rl.correction import correction_weights, diagnostics, sequence_weights
 from zkl.rl.loss import clipped_pg_loss
 from zkl.run.validate import validate
@@ -46,7 +46,7 @@ def _hand(mode: str, cfg: CorrectionConfig) -> list[list[float]]:
     return out
 
 
-@pytest.mark.parametrize("mode", [m for m in CORRECTION_MODES if m != "none"])
+@pytest.mark.parametrize("mode", [m for m, weights in CORRECTIONS.items() if weights is not None])
 def test_each_mode_matches_the_hand_computed_weights(mode):
     """Token and sequence level, both bands: rho = 1, 3, 1/4 and 1.5, 1.2 (products 3/4
     and 1.8); cap 2, band [0.5, 2.5] for icepop and [0.9, 1.5] for the geometric mean."""
@@ -92,7 +92,7 @@ def _loss_and_grad(mode: str):
     return loss.detach(), logits.grad
 
 
-@pytest.mark.parametrize("mode", CORRECTION_MODES)
+@pytest.mark.parametrize("mode", list(CORRECTIONS))
 def test_zero_mode_loss_and_gradient_are_bitwise_mode_none(mode):
     base_loss, base_grad = _loss_and_grad("none")
     loss, grad = _loss_and_grad(mode)
@@ -124,7 +124,7 @@ NEUTRAL = {
 }
 
 
-@pytest.mark.parametrize("mode", CORRECTION_MODES)
+@pytest.mark.parametrize("mode", list(CORRECTIONS))
 def test_zero_mode_diagnostics_are_exactly_neutral(mode):
     weights = correction_weights(OLD, OLD, CorrectionConfig(mode=mode))
     got = diagnostics(OLD, OLD, weights)
@@ -147,7 +147,7 @@ def test_diagnostics_move_off_neutral_with_a_mismatch():
 
 def test_sequence_weights_of_an_empty_response_are_empty():
     empty = torch.zeros(0)
-    for mode in CORRECTION_MODES[1:]:
+    for mode in [m for m, weights in CORRECTIONS.items() if weights is not None]:
         assert sequence_weights(empty, empty, CorrectionConfig(mode=mode)).numel() == 0
 
 

@@ -41,7 +41,7 @@ def test_fp16_zero_on_gpu_and_default_not(tmp_path, model, layout):
 
 
 def test_fp16_zero_with_cuda_graphs_on(tmp_path):
-    cfg = make_cfg("model=tiny_dense", "+precision=fp16", "device=cuda", "engine.cuda_graphs=on",
+    cfg = make_cfg("model=tiny_dense", "+precision=fp16", "device=cuda", "scheduler.cuda_graphs=on",
                    "rl.steps=3", *SMALL)  # fmt: skip
     rows = run(cfg, tmp_path)
     assert all(r["train/max_abs_logprob_diff"] == 0.0 for r in rows)

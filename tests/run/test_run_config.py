@@ -15,7 +15,6 @@ from tests.conftest import fake_gpus, make_cfg
 from zkl import invariance
 from zkl.errors import ConfigError
 from zkl.generation.graphs import graph_unsupported_reason, graphs_on
-from zkl.run.compose import compose
 from zkl.run.validate import check_run, validate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,15 +58,6 @@ def test_importing_the_schema_registers_nothing_in_hydra():
     assert out.returncode == 0, out.stderr[-2000:]
 
 
-def test_the_old_engine_key_is_refused_naming_the_new_one():
-    with pytest.raises(ConfigError) as err:
-        compose(["+engine.name=native"])
-    message = str(err.value)
-    assert message.startswith("engine.name is not a config key; use engine.backend")
-    assert "\n" not in message
-    assert make_cfg("engine=megatron_local").engine.backend == "megatron_local"
-
-
 @pytest.mark.parametrize(
     ("model", "precision", "extra", "reason"),
     [
@@ -82,15 +72,15 @@ def test_cuda_graphs_on_that_cannot_work_is_refused_before_work(
         f"model={model}",
         f"+precision={precision}",
         "device=cuda",
-        "engine.cuda_graphs=on",
+        "scheduler.cuda_graphs=on",
         *extra,
     )
     with pytest.raises(ConfigError) as err:
         validate(cfg)
     message = str(err.value)
-    assert message.startswith(f"engine.cuda_graphs=on cannot work with model={model}: {reason}")
-    assert message.endswith("use engine.cuda_graphs=auto or off.") and "\n" not in message
-    with pytest.raises(ConfigError, match="engine.cuda_graphs=on cannot work"):
+    assert message.startswith(f"scheduler.cuda_graphs=on cannot work with model={model}: {reason}")
+    assert message.endswith("use scheduler.cuda_graphs=auto or off.") and "\n" not in message
+    with pytest.raises(ConfigError, match="scheduler.cuda_graphs=on cannot work"):
         check_run(cfg)  # the entry's check: refused before any run directory or model
     validate(make_cfg(f"model={model}", "device=cuda"))  # auto: eager decode, no refusal
 
@@ -98,14 +88,14 @@ def test_cuda_graphs_on_that_cannot_work_is_refused_before_work(
 def test_a_dense_model_on_cuda_decodes_in_graphs_by_default(one_gpu):
     """`python -m zkl device=cuda model=qwen2_5_1_5b task.name=residue`: graphs, no extra key."""
     cfg = make_cfg("device=cuda", "model=qwen2_5_1_5b", "task.name=residue")
-    assert cfg.engine.cuda_graphs == "auto"
+    assert cfg.scheduler.cuda_graphs == "auto"
     assert graph_unsupported_reason(cfg.model, CUDA) is None
-    assert graphs_on(cfg.engine.cuda_graphs, cfg.model, CUDA)
+    assert graphs_on(cfg.scheduler.cuda_graphs, cfg.model, CUDA)
     assert not graphs_on("off", cfg.model, CUDA)
     assert not graphs_on("auto", cfg.model, torch.device("cpu"))  # the CPU decodes eagerly
     moe = make_cfg("model=tiny_moe").model
     assert graphs_on("auto", moe, CUDA)  # experts grouped on the device: capturable
-    validate(make_cfg("model=tiny_moe", "device=cuda", "engine.cuda_graphs=on"))
+    validate(make_cfg("model=tiny_moe", "device=cuda", "scheduler.cuda_graphs=on"))
     assert not graphs_on("auto", moe, CUDA, quantized=True)
-    with pytest.raises(ValueError, match="engine.cuda_graphs=on cannot work here: MoE"):
+    with pytest.raises(ValueError, match="scheduler.cuda_graphs=on cannot work here: MoE"):
         graphs_on("on", moe, CUDA, quantized=True)

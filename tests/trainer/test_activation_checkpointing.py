@@ -71,23 +71,23 @@ def test_the_estimate_keeps_one_layer_of_activations():
 
 
 def test_the_estimate_prefills_prompts_a_chunk_at_a_time():
-    """The scheduler's prefill forward holds each row's prompt (at most `engine.prefill_chunk`
+    """The scheduler's prefill forward holds each row's prompt (at most `scheduler.prefill_chunk`
     tokens of it), not the response's positions too."""
-    base = ["model=qwen2_5_1_5b", "task.name=residue", "engine.max_batch_size=64"]
+    base = ["model=qwen2_5_1_5b", "task.name=residue", "scheduler.max_batch_size=64"]
     prompt, response = 4096, 4096
 
     def gen(*extra):
         cfg = make_cfg(*base, f"sampling.max_new_tokens={response}", *extra)
         return estimate(cfg, prompt + response)["generation activations"]
 
-    whole, chunked = gen(), gen("engine.prefill_chunk=1024")
+    whole, chunked = gen(), gen("scheduler.prefill_chunk=1024")
     assert whole == pytest.approx(4 * (chunked - 64 * 151936 * 12) + 64 * 151936 * 12)
 
 
 @pytest.mark.parametrize(
     "overrides, key",
     [
-        (["engine=megatron_local"], "engine.backend"),
+        (["engine=megatron_local"], "engine.name"),
         (["model=tiny_moe", "rl.routing_replay=true"], "rl.routing_replay"),
         (["model=tiny_moe", "rl.record_routes=true"], "rl.record_routes"),
     ],

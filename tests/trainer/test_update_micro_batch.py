@@ -80,7 +80,7 @@ def test_a_negative_piece_is_refused_by_name():
 LONG_PROMPTS = [
     "model=qwen2_5_1_5b", "task.name=residue", "task.min_prompt_len=5968",
     "task.max_prompt_len=5968", "sampling.max_new_tokens=300", "rl.prompts_per_step=1",
-    "rl.samples_per_prompt=6", "engine.max_batch_size=6", "device=cuda",
+    "rl.samples_per_prompt=6", "scheduler.max_batch_size=6", "device=cuda",
 ]  # fmt: skip
 
 

@@ -1,12 +1,11 @@
 """What each fix contributes: `python -m zkl.cert cert.ablate=true` turns one fix off at a time.
 
-A fix can only show where its source of mismatch is exercised, so each runs in a mode that
-can expose it: the kernel fixes on the step-0 schedules (batches that change size and mix
-prompt lengths); `batch_invariant_gemm` in fp32 (on this CPU bf16 GEMM rows depend on the
-row count only for some shapes, none of tiny_moe's, fp32 ones for more); the refit fixes
-in a run of at least two steps with kv=persist and precision=mxfp8 (a prefix cache and
-quantized weights that outlive a refit). Every row names its mode and is judged against all
-fixes on in that same mode; a fix that shows nothing says why where the reason is known.
+A fix can only show where its source of mismatch is exercised, so each runs in the mode its
+registry entry says can expose it (`zkl.invariance.Fix.exposure`): the kernel fixes on the
+step-0 schedules (batches that change size and mix prompt lengths); `batch_invariant_gemm`
+in fp32; the refit fixes in a run of at least two steps with kv=persist and precision=mxfp8.
+Every row names its mode and is judged against all fixes on in that same mode; a fix that
+shows nothing says why where its entry knows (`layer`, `cpu_silent`).
 """
 
 from __future__ import annotations
@@ -19,6 +18,8 @@ from zkl import invariance
 from zkl.cert.schema import CertRunConfig
 from zkl.device import resolve_device
 from zkl.run.compose import with_group_option
+
+LAYER_WORDS = {"moe": "MoE", "mamba": "Mamba"}  # a fix's `layer`, as a sentence names it
 
 
 @dataclass(frozen=True)
@@ -36,12 +37,10 @@ class Mode:
 
 
 def mode_for(fix: str, cert_steps: int) -> Mode:
-    """The mode that can expose `fix`."""
-    if fix == "batch_invariant_gemm":
-        return Mode(precision="fp32")
-    if fix in ("kv_invalidate_on_refit", "quantized_weight_refresh", "refit_exactness"):
-        return Mode(steps=max(2, cert_steps), precision="mxfp8", kv="persist")
-    return Mode()
+    """The mode that can expose `fix` (its entry's `exposure`)."""
+    exposure = invariance.FIXES[fix].exposure
+    steps = max(2, cert_steps) if exposure.refits else 0
+    return Mode(steps=steps, precision=exposure.precision, kv=exposure.kv)
 
 
 def in_mode(bed: CertRunConfig, mode: Mode) -> CertRunConfig:
@@ -66,22 +65,15 @@ def variants(bed: CertRunConfig) -> list[tuple[str, Mode, CertRunConfig, CertRun
 
 
 def why_no_effect(fix: str, cfg: CertRunConfig) -> str | None:
-    """The known reason `fix` cannot show in this run, if there is one. The kernel reasons
-    were measured on the CPU engine; on CUDA none is claimed."""
-    if fix == "mamba_chunked_decode" and "M" not in (cfg.model.hybrid_override_pattern or ""):
-        return f"{cfg.model.name} has no Mamba layer"
-    if fix == "moe_combine_order" and not cfg.model.is_moe:
-        return f"{cfg.model.name} has no MoE layer"
-    if resolve_device(cfg.device).type != "cpu":
+    """The known reason `fix` cannot show in this run, if there is one: the model has none of
+    the layers its source lives in, or (measured on the CPU; on CUDA none is claimed)
+    the CPU computes its source one way on both paths."""
+    entry = invariance.FIXES[fix]
+    if entry.layer and not cfg.model.has_layer(entry.layer):
+        return f"{cfg.model.name} has no {LAYER_WORDS[entry.layer]} layer"
+    if resolve_device(cfg.device).type != "cpu" or not entry.cpu_silent:
         return None
-    if fix == "moe_combine_order":
-        return "the CPU engine adds expert outputs in one fixed dispatch order on both paths"
-    if fix == "batch_invariant_reductions":
-        return (
-            "the CPU splits a row sum by shape only for rows of about 65,536 elements on "
-            f"several threads; this model's norm rows have {cfg.model.hidden_size}"
-        )
-    return None
+    return entry.cpu_silent.format_map(vars(cfg.model))
 
 
 def verdict(fix: str, cfg: CertRunConfig, row: dict[str, Any], reference: dict[str, Any]) -> str:

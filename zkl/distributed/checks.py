@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from zkl.device import on_cuda
+from zkl.engines import NATIVE, engine_named
 from zkl.errors import ConfigError
+from zkl.placement import own_gpu
 
 
 def sharded(cfg: Any) -> bool:
@@ -18,15 +20,16 @@ def check_trainer(cfg: Any) -> None:
     t = cfg.trainer
     if t.world_size < 1:
         raise ConfigError(f"trainer.world_size={t.world_size} must be >= 1.")
-    if t.backend not in ("auto", "gloo", "nccl"):
-        raise ConfigError(f"trainer.backend={t.backend!r} must be auto, gloo or nccl.")
+    if t.process_group not in ("auto", "gloo", "nccl"):
+        raise ConfigError(f"trainer.process_group={t.process_group!r} must be auto, gloo or nccl.")
     for key in ("timeout_s", "heartbeat_s"):
         if getattr(t, key) <= 0:
             raise ConfigError(f"trainer.{key}={getattr(t, key)} must be positive.")
-    if t.activation_checkpointing and cfg.engine.backend != "native":
+    engine = engine_named(cfg.engine.name)
+    if t.activation_checkpointing and not engine.activation_checkpointing:
         raise ConfigError(
             f"trainer.activation_checkpointing=true remakes the native models' layers; "
-            f"engine.backend={cfg.engine.backend!r} has its own; use engine=native or set "
+            f"engine.name={engine.name!r} has its own; use engine={NATIVE.name} or set "
             "trainer.activation_checkpointing=false."
         )
     if t.activation_checkpointing and cfg.rl.records_routes:
@@ -44,11 +47,13 @@ def check_trainer(cfg: Any) -> None:
         raise ConfigError(
             "trainer.offload=true moves GPU shards to the host; it needs device=cuda."
         )
-    if t.backend == "nccl" and not cuda:
-        raise ConfigError("trainer.backend=nccl needs device=cuda; use gloo (or auto) on the CPU.")
-    if cfg.engine.backend != "native":
+    if t.process_group == "nccl" and not cuda:
         raise ConfigError(
-            f"engine.backend={cfg.engine.backend!r} runs in one process; use engine=native with "
+            "trainer.process_group=nccl needs device=cuda; use gloo (or auto) on the CPU."
+        )
+    if not engine.sharded:
+        raise ConfigError(
+            f"engine.name={engine.name!r} runs in one process; use engine={NATIVE.name} with "
             f"trainer.world_size={t.world_size} (or trainer.world_size=1)."
         )
     if ":" in str(cfg.device) and t.world_size > 1:
@@ -56,10 +61,10 @@ def check_trainer(cfg: Any) -> None:
             f"device={cfg.device!r} names one GPU, but each of the trainer.world_size="
             f"{t.world_size} ranks takes the GPU of its local rank; use device=cuda."
         )
-    if cfg.layout.name == "dedicated" and cfg.layout.backend == "nccl":
+    if own_gpu(cfg.layout.name, cfg.layout.transport):
         raise ConfigError(
-            "layout.backend=nccl puts one generator on a GPU of its own, which a sharded "
-            "trainer does not have; use layout.backend=auto (CUDA IPC) or +layout=colocated."
+            "layout.transport=nccl puts one generator on a GPU of its own, which a sharded "
+            "trainer does not have; use layout.transport=auto (CUDA IPC) or +layout=colocated."
         )
     samples = cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt
     smallest = samples // max(cfg.rl.num_minibatches, 1)

@@ -19,7 +19,9 @@ class TrainerConfig:
     # CPUOffloadPolicy; the optimizer steps on the CPU): what lets a 30B model's trainer and
     # its whole-model generator share one H200 each (docs/distributed.md). CUDA only.
     offload: bool = False
-    backend: str = "auto"  # auto: gloo on the CPU, nccl on CUDA
+    # The trainer ranks' torch.distributed process group: gloo or nccl (auto: gloo on the
+    # CPU, nccl on CUDA).
+    process_group: str = "auto"
     # Keep each layer's input only and remake its activations in the backward (the native
     # engine's models): the update then holds one layer's activations, not every layer's,
     # for about a third more train-path compute; the gradients are bitwise unchanged.
@@ -37,8 +39,3 @@ def tasks_per_node(world_size: int, nodes: int) -> int:
             f"hydra.launcher.nodes={nodes}; choose a world size that is a multiple of it."
         )
     return world_size // nodes
-
-
-def node_gpus(layout: str, backend: str, tasks: int) -> int:
-    """GPUs of a node: one a rank, or two for the one rank whose generator has its own."""
-    return 2 if layout == "dedicated" and backend == "nccl" else tasks

@@ -86,9 +86,10 @@ class World:
 _OWN_ENV: list[str] = []  # the variables `init` set for a group of one
 
 
-def backend(cfg: Any) -> str:
-    if cfg.trainer.backend != "auto":
-        return cfg.trainer.backend
+def process_group_kind(cfg: Any) -> str:
+    """`trainer.process_group` with `auto` resolved: gloo on the CPU, nccl on CUDA."""
+    if cfg.trainer.process_group != "auto":
+        return cfg.trainer.process_group
     return "nccl" if on_cuda(cfg) else "gloo"
 
 
@@ -134,7 +135,7 @@ def init(cfg: Any) -> World:
         _OWN_ENV[:] = list(own)  # removed again by shutdown(): a later run is not a rank
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    kind = backend(cfg)
+    kind = process_group_kind(cfg)
     device = None
     if kind == "nccl" or on_cuda(cfg):
         device = torch.device("cuda", local_rank)

@@ -1,5 +1,5 @@
-"""The generation part's config: `engine.*` (conf/engine: the model backend and the
-scheduler's knobs), the KV mode (conf/kv), sampling.
+"""The generation part's config: the scheduler's knobs (`scheduler.*`), the KV mode
+(conf/kv), sampling.
 
 A leaf: the schema composes it and `check` refuses its own keys' bad values, before any
 model is built, without importing the scheduler.
@@ -11,15 +11,14 @@ from dataclasses import dataclass
 
 from zkl.errors import ConfigError, positive
 
-GRAPH_SETTINGS = ("auto", "on", "off")  # engine.cuda_graphs
+GRAPH_SETTINGS = ("auto", "on", "off")  # scheduler.cuda_graphs
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-4, 1e4
 
 
 @dataclass
-class EngineConfig:
-    # The model implementation: native (zkl's PyTorch model) or a megatron-core engine
-    # (megatron_local | transformer_engine | inference_optimized; docs/megatron.md).
-    backend: str = "native"
+class SchedulerConfig:
+    """`scheduler`: continuous batching over whichever engine built the model."""
+
     max_batch_size: int = 8  # continuous-batching slots
     prefill_chunk: int = 0  # 0: whole prompt in one forward
     prefix_cache_blocks: int = 4096
@@ -44,23 +43,25 @@ class SamplingConfig:
 
 
 def graph_setting(value: object) -> str:
-    """`engine.cuda_graphs` in canonical form: an override's true/false reads as on/off."""
+    """`scheduler.cuda_graphs` in canonical form: an override's true/false reads as on/off."""
     text = str(value).lower()
     return {"true": "on", "false": "off"}.get(text, text)
 
 
-def check(engine: EngineConfig, kv: KVConfig, sampling: SamplingConfig) -> None:
+def check(scheduler: SchedulerConfig, kv: KVConfig, sampling: SamplingConfig) -> None:
     """One sentence naming the scheduler.*, kv.* or sampling.* key whose value cannot work."""
     if kv.mode not in ("recompute", "persist"):
         raise ConfigError(f"kv.mode={kv.mode!r} must be recompute or persist.")
-    positive(engine.max_batch_size, "engine.max_batch_size")
-    if engine.sync_every < 0:
-        raise ConfigError(f"engine.sync_every={engine.sync_every} must be >= 0 (0: auto).")
-    if graph_setting(engine.cuda_graphs) not in GRAPH_SETTINGS:
-        raise ConfigError(f"engine.cuda_graphs={engine.cuda_graphs!r} must be auto, on or off.")
-    if engine.prefill_chunk < 0:
-        raise ConfigError(f"engine.prefill_chunk={engine.prefill_chunk} must be >= 0.")
-    positive(engine.prefix_cache_blocks, "engine.prefix_cache_blocks")
+    positive(scheduler.max_batch_size, "scheduler.max_batch_size")
+    if scheduler.sync_every < 0:
+        raise ConfigError(f"scheduler.sync_every={scheduler.sync_every} must be >= 0 (0: auto).")
+    if graph_setting(scheduler.cuda_graphs) not in GRAPH_SETTINGS:
+        raise ConfigError(
+            f"scheduler.cuda_graphs={scheduler.cuda_graphs!r} must be auto, on or off."
+        )
+    if scheduler.prefill_chunk < 0:
+        raise ConfigError(f"scheduler.prefill_chunk={scheduler.prefill_chunk} must be >= 0.")
+    positive(scheduler.prefix_cache_blocks, "scheduler.prefix_cache_blocks")
     positive(sampling.temperature, "sampling.temperature")
     if not 0 < sampling.top_p <= 1:
         raise ConfigError(f"sampling.top_p={sampling.top_p} must be in (0, 1].")

@@ -5,7 +5,8 @@ commit); the scheduler calls it eagerly or captures it in a CUDA graph (zkl/gene
 so it reads only the model, the cache, the slot state and the rows it is given. The scheduler
 reports, for every sampled token, its raw logprob, of softmax(logits / temperature) before
 any top-k / top-p filter, as the trainer scores it: through the trainer's own fp32 path
-(the `logprob_path` fix) or, with that fix off, as a fast engine does, in the model dtype.
+(the `logprob_path` fix) or, with that fix off, as a fast generator (vLLM's kind) reports it,
+in the model dtype.
 Beside it goes `lp_sampled`, the logprob under the filtered distribution the token was drawn
 from (`rl.correction.behavior=sampled`).
 """
@@ -18,12 +19,12 @@ from typing import Any, Protocol
 import torch
 
 from zkl import ops
-from zkl.generation import routes
+from zkl.generation import route_cache
 from zkl.generation.kv_cache import KVCache
-from zkl.generation.routes import RouteTape
 from zkl.generation.sampling import filtered, gumbel_max, scaled_logits
 from zkl.generation.slots import SlotState
 from zkl.invariance import is_enabled
+from zkl.routes import RouteTape
 
 
 class GenerationModel(Protocol):
@@ -33,7 +34,7 @@ class GenerationModel(Protocol):
 
     embed_tokens: torch.nn.Embedding  # its weight gives the model's device and dtype
     cfg: Any  # its ModelConfig: the CUDA-graph rule reads it
-    backend: str  # the `engine.backend` that built it
+    engine: str  # the `engine.name` that built it
 
     def check_positions(self, positions: int, needed_by: str) -> None: ...
 
@@ -88,7 +89,7 @@ class Sampler:
         if shared_path:
             logprobs = ops.token_logprobs(logits, next_tokens, temps.unsqueeze(-1))
         else:
-            logprobs = fast_engine_logprobs(scaled, logits.dtype, next_tokens)
+            logprobs = default_mode_logprobs(scaled, logits.dtype, next_tokens)
         if not self.filters:
             return next_tokens, logprobs, logprobs
         return next_tokens, logprobs, logprobs - kept_log_mass(scaled, scores)
@@ -102,10 +103,10 @@ class Sampler:
         ops.commit_samples(state, rows, next_tokens, logprobs, self.eos_id)
 
 
-def fast_engine_logprobs(
+def default_mode_logprobs(
     scaled: torch.Tensor, dtype: torch.dtype, tokens: torch.Tensor
 ) -> torch.Tensor:
-    """What a fast engine reports (`logprob_path` off): the log-softmax of the unfiltered
+    """What a fast generator reports (`logprob_path` off): the log-softmax of the unfiltered
     logits / T [B, V] rounded to the model dtype, computed in it, at tokens [B]; fp32 [B]."""
     logp = torch.log_softmax(scaled.to(dtype), dim=-1)
     return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).float()
@@ -129,8 +130,8 @@ def decode_one_token(
     """One token for every slot row [B], all in one batch, all on the device."""
     tokens = state.token[rows].unsqueeze(1)  # [B, 1]
     positions = state.pos[rows].unsqueeze(1)  # [B, 1]
-    tape = routes.recording(cache.routes)  # routing replay records each route
+    tape = route_cache.recording(cache.routes)  # routing replay records each route
     logits = model(tokens, positions, cache, rows, routes=tape)[:, 0]  # [B, V]
     if tape is not None:
-        routes.store(cache.routes, tape, rows, positions, ~state.done[rows])
+        route_cache.store(cache.routes, tape, rows, positions, ~state.done[rows])
     sampler.take(state, rows, logits)

@@ -14,9 +14,9 @@ row's result cannot depend on the padding rows (batch invariance; the tests chec
 `torch.equal`); with them off, padding changes the batch the way any batch change does.
 
 Only models whose decode has no host sync are captured: MoE layers under a quantizing
-recipe or megatron-core's MoE run one call per expert (or a host-sized token dispatch), so
-they decode eagerly
-(`engine.cuda_graphs=auto` says why in the log; `on` is refused by the config check, from
+recipe or an engine whose MoE is not `moe_graphs` (megatron-core's: `zkl.engines`) run one
+call per expert (or a host-sized token dispatch), so they decode eagerly
+(`scheduler.cuda_graphs=auto` says why in the log; `on` is refused by the config check, from
 the same rule: `graph_unsupported_reason` reads the model's config, not the built model).
 MoE layers otherwise group and run their experts on the device (`zkl.models.moe`), and
 Mamba layers commit their chunk state on the device (`zkl.ops.ssd`): both are captured.
@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from zkl.engines import NATIVE, engine_named
 from zkl.generation.config import GRAPH_SETTINGS, graph_setting
 from zkl.ops.fast import static_shapes
 
@@ -62,20 +63,17 @@ def padded_rows(running: list[int], free: list[int], size: int) -> list[int]:
 
 
 def graph_unsupported_reason(
-    model: Any, device: torch.device, quantized: bool = False, backend: str = "native"
+    model: Any, device: torch.device, quantized: bool = False, engine: str = NATIVE.name
 ) -> str | None:
     """None when the decode step of a model with config `model` (a ModelConfig) on `device`
     can be captured, else why not (one sentence); `quantized`: a precision recipe quantizes
-    the Linear layers (`precision.linear_quant`); `backend`: `engine.backend`. The one rule:
-    the config check refuses `engine.cuda_graphs=on` with it before any model is built, the
+    the Linear layers (`precision.linear_quant`); `engine`: `engine.name`. The one rule:
+    the config check refuses `scheduler.cuda_graphs=on` with it before any model is built, the
     scheduler decides with it."""
     layers = range(model.num_hidden_layers)
     moe = any(model.layer_is_moe(i) for i in layers)
-    if moe and backend != "native":
-        return (
-            f"megatron-core's MoE layers (engine.backend={backend}) read the expert group "
-            "sizes on the host"
-        )
+    if moe and not engine_named(engine).moe_graphs:
+        return f"the MoE layers of engine.name={engine} read the expert group sizes on the host"
     if quantized and moe:
         return (
             "MoE layers under a quantizing precision recipe run one call per expert, reading "
@@ -91,25 +89,26 @@ def graphs_on(
     model: Any,
     device: torch.device,
     quantized: bool = False,
-    backend: str = "native",
+    engine: str = NATIVE.name,
 ) -> bool:
-    """Whether decode runs in CUDA graphs under `engine.cuda_graphs=setting` for a model with
-    config `model` on `device`: auto where the decode can be captured, on or ValueError, off.
-    """
+    """Whether decode runs in CUDA graphs under `scheduler.cuda_graphs=setting` for a model
+    with config `model` on `device`: auto where the decode can be captured, on or ValueError,
+    off."""
     setting = graph_setting(setting)
     if setting not in GRAPH_SETTINGS:
-        raise ValueError(f"engine.cuda_graphs={setting!r} must be auto, on or off.")
+        raise ValueError(f"scheduler.cuda_graphs={setting!r} must be auto, on or off.")
     if setting == "off":
         return False
-    reason = graph_unsupported_reason(model, device, quantized, backend)
+    reason = graph_unsupported_reason(model, device, quantized, engine)
     if reason is None:
         return True
     if setting == "on":
         raise ValueError(
-            f"engine.cuda_graphs=on cannot work here: {reason}; use engine.cuda_graphs=auto or off."
+            f"scheduler.cuda_graphs=on cannot work here: {reason}; use "
+            "scheduler.cuda_graphs=auto or off."
         )
     if device.type == "cuda":
-        log.info("engine.cuda_graphs=auto: decode runs without graphs: %s", reason)
+        log.info("scheduler.cuda_graphs=auto: decode runs without graphs: %s", reason)
     return False
 
 

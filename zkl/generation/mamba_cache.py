@@ -31,18 +31,19 @@ class HybridCache(KVCache):
             dtype,
             device,
         )
-        layers, heads = model.num_mamba_layers, cfg.mamba_num_heads
-        conv_dim = heads * cfg.mamba_head_dim + 2 * cfg.n_groups * cfg.ssm_state_size
+        mamba = cfg.mamba
+        layers, heads = model.num_mamba_layers, mamba.num_heads
+        conv_dim = heads * mamba.head_dim + 2 * mamba.num_groups * mamba.state_size
         shape = (layers, num_slots)
-        self.conv = torch.zeros(*shape, cfg.conv_kernel - 1, conv_dim, dtype=dtype, device=device)
+        self.conv = torch.zeros(*shape, mamba.conv_kernel - 1, conv_dim, dtype=dtype, device=device)
         self.ssm = torch.zeros(
-            *shape, heads, cfg.mamba_head_dim, cfg.ssm_state_size, device=device
+            *shape, heads, mamba.head_dim, mamba.state_size, device=device
         )  # [M, S, H, P, N] fp32
-        self.buf_xbc = torch.zeros(*shape, cfg.chunk_size, conv_dim, dtype=dtype, device=device)
-        self.buf_dt = torch.zeros(*shape, cfg.chunk_size, heads, device=device)
+        self.buf_xbc = torch.zeros(*shape, mamba.chunk_size, conv_dim, dtype=dtype, device=device)
+        self.buf_dt = torch.zeros(*shape, mamba.chunk_size, heads, device=device)
         # a prefix hit resumes the chunk scan at a chunk boundary with an empty partial
         # chunk: only at multiples of both the prefix block and the Mamba chunk
-        self.resume_span = math.lcm(BLOCK, cfg.chunk_size)
+        self.resume_span = math.lcm(BLOCK, mamba.chunk_size)
 
     def clear_slot(self, slot: int) -> None:
         """A new request takes `slot`: its Mamba state starts from zero."""

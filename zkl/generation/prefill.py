@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from zkl.generation import routes
+from zkl.generation import route_cache
 from zkl.generation.decode import GenerationModel, Sampler
 from zkl.generation.kv_cache import KVCache
 from zkl.generation.prefix_cache import PrefixCache
@@ -103,9 +103,9 @@ def _prefill_group(
         positions = (torch.tensor(starts).unsqueeze(1) + torch.arange(lo, hi)).clamp(max=end)
         positions = positions.to(device)
         index = torch.tensor([min(max(n - lo, 0), hi - lo - 1) for n in last], device=device)
-        tape = routes.recording(cache.routes)
+        tape = route_cache.recording(cache.routes)
         logits = model(tokens[:, lo:hi], positions, cache, slots, index, tape)  # [B, V]
-        routes.store(cache.routes, tape, slots, positions)
+        route_cache.store(cache.routes, tape, slots, positions)
         if final_logits is None:
             final_logits = torch.empty_like(logits)
         ending = [i for i, n in enumerate(last) if lo <= n < hi]

@@ -18,8 +18,7 @@ from functools import partial
 
 import torch
 
-from zkl.generation import routes
-from zkl.generation.config import EngineConfig, KVConfig
+from zkl.generation.config import KVConfig, SchedulerConfig
 from zkl.generation.decode import GenerationModel, Sampler, decode_one_token
 from zkl.generation.graphs import BucketedDecode, graphs_on
 from zkl.generation.kv_cache import KVCache
@@ -29,6 +28,7 @@ from zkl.generation.sampling import SamplingParams
 from zkl.generation.slots import SlotState
 from zkl.invariance import active, is_enabled
 from zkl.precision.recipes import quantizes, weight_cache
+from zkl.routes import route_dtype
 
 CAPACITY_STEP = 256  # graphs keep their cache: lengths round up to this, so few recaptures
 
@@ -52,7 +52,7 @@ class Completion:
     # from; bitwise `logprobs` when no filter is on (the behaviour policy of the corrections)
     lp_sampled: torch.Tensor | None = None
     # [len(prompt) + len(tokens), MoE layers, k] int8/int16 expert ids the gen path chose at
-    # each position, -1 where none was computed (`engine.record_routes`, routing replay)
+    # each position, -1 where none was computed (`rl.record_routes`, routing replay)
     routes: torch.Tensor | None = None
 
 
@@ -83,13 +83,13 @@ class Scheduler:
         max_batch_size: int,
         eos_id: int | None,
         kv_mode: str = KVConfig.mode,
-        prefill_chunk: int = EngineConfig.prefill_chunk,
-        prefix_cache_blocks: int = EngineConfig.prefix_cache_blocks,
-        sync_every: int = EngineConfig.sync_every,
-        cuda_graphs: str = EngineConfig.cuda_graphs,
+        prefill_chunk: int = SchedulerConfig.prefill_chunk,
+        prefix_cache_blocks: int = SchedulerConfig.prefix_cache_blocks,
+        sync_every: int = SchedulerConfig.sync_every,
+        cuda_graphs: str = SchedulerConfig.cuda_graphs,
         record_routes: bool = False,
     ):
-        """The knobs are `engine.*` and `kv.mode`, with the config's defaults (one answer)."""
+        """The knobs are `scheduler.*` and `kv.mode`, with the config's defaults (one answer)."""
         self.model = model
         self.max_batch_size = max_batch_size
         self.eos_id = eos_id if eos_id is not None and eos_id >= 0 else None
@@ -104,9 +104,9 @@ class Scheduler:
         self._static: tuple[KVCache, SlotState] | None = None  # what the graphs read
 
     def _graph_decoder(self, setting: str) -> BucketedDecode | None:
-        """`engine.cuda_graphs`: auto = on where the model's decode can be captured."""
+        """`scheduler.cuda_graphs`: auto = on where the model's decode can be captured."""
         model = self.model
-        if not graphs_on(setting, model.cfg, self.device, quantizes(model), model.backend):
+        if not graphs_on(setting, model.cfg, self.device, quantizes(model), model.engine):
             return None
         return BucketedDecode(self.max_batch_size, capture=True)
 
@@ -212,8 +212,8 @@ class Scheduler:
         if self.record_routes:  # [slots, positions, MoE layers, k]
             cfg = self.model.cfg
             layers = sum(cfg.layer_is_moe(i) for i in range(cfg.num_hidden_layers))
-            shape = (self.max_batch_size, max_len, layers, cfg.num_experts_per_tok)
-            dtype = routes.route_dtype(cfg.num_experts)
+            shape = (self.max_batch_size, max_len, layers, cfg.moe.num_experts_per_tok)
+            dtype = route_dtype(cfg.moe.num_experts)
             cache.routes = torch.full(shape, -1, dtype=dtype, device=self.device)
         return cache, SlotState(self.max_batch_size, max_new, self.device)
 

@@ -28,6 +28,7 @@ from omegaconf import DictConfig
 from zkl import console, invariance, threads
 from zkl.data.tasks import build_task
 from zkl.device import resolve_device
+from zkl.engines import engine_named
 from zkl.lab import bench_rl
 from zkl.lab.config import check_bench
 from zkl.lab.schema import BenchRunConfig
@@ -38,7 +39,6 @@ from zkl.layouts.generator import build_generator
 from zkl.layouts.generator_setup import build_scheduler
 from zkl.layouts.refit import refit_payload
 from zkl.layouts.transport import BROADCAST
-from zkl.megatron.check import DEDICATED_ONLY_ENGINES
 from zkl.precision.recipes import DTYPES
 from zkl.rl.loop import make_requests
 from zkl.run.compose import to_object
@@ -115,7 +115,7 @@ def run_bench(cfg: BenchRunConfig, run_dir: str | Path) -> dict[str, float]:
     if policy.model.embed_tokens.weight.is_cuda and not hybrid:
         # The scheduler's own table is the same in any layout: a dedicated run gives the
         # refit figures, unless its engine runs dedicated only (then the table is its one).
-        dedicated_only = cfg.engine.backend in DEDICATED_ONLY_ENGINES
+        dedicated_only = engine_named(cfg.engine.name).dedicated_only
         if cfg.layout.name == "dedicated" and not dedicated_only:
             return write_result(measure_refit(cfg, policy, task.tokenizer.eos_id), run_dir)
         return run_cuda(policy.model, run_dir)

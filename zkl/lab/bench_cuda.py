@@ -124,7 +124,7 @@ def run_cuda_bench(
         partial["default/attention_forms"] = attention_forms()
         keep(partial)
 
-    moe = bool(model.cfg.num_experts)
+    moe = model.cfg.is_moe
     batches = batches or (MOE_BATCHES if moe else BATCHES)
     out: dict[str, object] = {
         "device": torch.cuda.get_device_name(),
@@ -193,7 +193,7 @@ def _generation_rows(out: dict, model: torch.nn.Module, batch: int, bandwidth: f
     out[f"gen/b{batch}/zero_over_default"] = zero / default
     step_s = out[f"gen/b{batch}/zero/decode_step_ms"] / 1e3
     mean_keys = PROMPT_LEN + NEW_TOKENS / 2
-    experts = experts_read(model, batch) if model.cfg.num_experts else None
+    experts = experts_read(model, batch) if model.cfg.is_moe else None
     if experts is not None:
         out[f"roofline/b{batch}/experts_read_per_layer"] = sum(experts) / len(experts)
     roofline_s = decode_bytes(model, batch, mean_keys, experts) / bandwidth

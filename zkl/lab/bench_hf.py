@@ -50,7 +50,7 @@ def hf_model(model: torch.nn.Module) -> torch.nn.Module | str:
     except ImportError:
         return "transformers is not installed"
     cfg = model.cfg
-    if family(cfg) is not QWEN2 or cfg.num_experts:
+    if family(cfg) is not QWEN2 or cfg.is_moe:
         return f"the comparison maps only dense qwen2 models, not {cfg.family}"
     try:
         hf_cfg = transformers.Qwen2Config(**hf_config(cfg))

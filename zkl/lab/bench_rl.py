@@ -65,8 +65,8 @@ def shaped_config(cfg: Any, prompt: int, response: int, rollouts: int) -> Any:
     c.rl.prompts_per_step = rollouts // 8
     c.rl.num_minibatches = rollouts
     c.rl.score_micro_batch = max(1, SCORE_TOKENS // (prompt + response))
-    c.engine.max_batch_size = rollouts
-    c.engine.cuda_graphs = "auto"
+    c.scheduler.max_batch_size = rollouts
+    c.scheduler.cuda_graphs = "auto"
     c.tracking.dump_tokens = "0"
     return c
 

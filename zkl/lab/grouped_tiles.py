@@ -39,12 +39,12 @@ CANDIDATES = (
 
 def tiles(cfg, tokens: int) -> dict[str, float]:
     g = torch.Generator(device="cuda").manual_seed(0)
-    experts, top_k = cfg.num_experts, cfg.num_experts_per_tok
+    experts, top_k = cfg.moe.num_experts, cfg.moe.num_experts_per_tok
     top_i = torch.rand(tokens, experts, device="cuda", generator=g).topk(top_k).indices
     _, offsets = group_by_expert(top_i, experts)
     rows = tokens * top_k
     out: dict[str, float] = {}
-    hidden, inter = cfg.hidden_size, cfg.moe_intermediate_size
+    hidden, inter = cfg.hidden_size, cfg.moe.intermediate_size
     for name, k, n in (("gate_up", hidden, 2 * inter), ("down", inter, hidden)):
         x = torch.randn(rows, k, device="cuda", generator=g).to(torch.bfloat16)
         ws = [(torch.randn(n, k, device="cuda", generator=g) * 0.02).to(torch.bfloat16)

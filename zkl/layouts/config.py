@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from zkl.errors import ConfigError
 
 MIN_TIMEOUT_S, MAX_TIMEOUT_S = 1.0, 86400.0
+TRANSPORTS = ("auto", "gloo", "cuda_ipc", "nccl")
 
 
 @dataclass
@@ -16,9 +17,9 @@ class LayoutConfig:
     # GPU shared by both processes: device memory handed over, no host round trip), nccl
     # (the generator on a GPU of its own, broadcast over NCCL); auto: gloo on the CPU,
     # cuda_ipc on CUDA.
-    backend: str = "auto"
-    # The generator's GPU with backend=nccl (null: the GPU after the trainer's `device`);
-    # the other backends keep the generator on the trainer's device.
+    transport: str = "auto"
+    # The generator's GPU with transport=nccl (null: the GPU after the trainer's `device`);
+    # the other transports keep the generator on the trainer's device.
     generator_device: str | None = None
     timeout_s: float = 600.0
 
@@ -27,20 +28,12 @@ def check(layout: LayoutConfig) -> None:
     """One sentence naming the layout.* key whose value cannot work."""
     if layout.name not in ("colocated", "dedicated"):
         raise ConfigError(f"layout.name={layout.name!r} must be colocated or dedicated.")
-    if layout.backend not in ("auto", "gloo", "cuda_ipc", "nccl"):
+    if layout.transport not in TRANSPORTS:
         raise ConfigError(
-            f"layout.backend={layout.backend!r} must be auto, gloo, cuda_ipc or nccl."
+            f"layout.transport={layout.transport!r} must be auto, gloo, cuda_ipc or nccl."
         )
     if not MIN_TIMEOUT_S <= layout.timeout_s <= MAX_TIMEOUT_S:
         raise ConfigError(
             f"layout.timeout_s={layout.timeout_s} must be between {MIN_TIMEOUT_S:g} and "
             f"{MAX_TIMEOUT_S:g} (a day)."
         )
-
-
-def layout_gpus(layout: str, backend: str = "auto") -> int:
-    """GPUs a run needs on a GPU device: one, or two for a generator on its own GPU (nccl).
-
-    A dedicated generator with the default backend shares the trainer's GPU (CUDA IPC).
-    """
-    return 2 if layout == "dedicated" and backend == "nccl" else 1

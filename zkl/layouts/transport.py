@@ -26,9 +26,9 @@ _PRIVATE: list = []  # a sharded trainer's refit group: its default group is its
 
 
 def kind(cfg) -> str:
-    """`layout.backend` with `auto` resolved: gloo on the CPU, cuda_ipc on a GPU."""
-    if cfg.layout.backend != "auto":
-        return cfg.layout.backend
+    """`layout.transport` with `auto` resolved: gloo on the CPU, cuda_ipc on a GPU."""
+    if cfg.layout.transport != "auto":
+        return cfg.layout.transport
     return "cuda_ipc" if on_cuda(cfg) else "gloo"
 
 
@@ -63,18 +63,18 @@ def init_group(cfg, store_file: str, rank: int, private: bool = False) -> None:
     """The two-rank group of a broadcast transport; rank 0 the trainer, rank 1 the generator."""
     if private:
         return _init_private_group(cfg, store_file, rank)
-    backend = kind(cfg)
+    transport = kind(cfg)
     device = landing_device(cfg, rank)
-    if backend == "nccl":
+    if transport == "nccl":
         torch.cuda.set_device(device)
     loopback_only()
     dist.init_process_group(
-        backend,
+        transport,  # gloo or nccl: a broadcast transport is torch.distributed's backend
         store=dist.FileStore(store_file, 2),
         rank=rank,
         world_size=2,
         timeout=timedelta(seconds=cfg.layout.timeout_s),
-        device_id=device if backend == "nccl" else None,
+        device_id=device if transport == "nccl" else None,
     )
 
 

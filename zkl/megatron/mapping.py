@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import torch
 
+from zkl.engines import NATIVE, engine_named
 from zkl.models.config import ModelConfig
 from zkl.models.registry import family
-
-ENGINES = ("megatron_local", "transformer_engine", "inference_optimized")
-# Engines whose spec fuses the pre-attention / pre-MLP norm into the next linear (TE).
-FUSED_NORM_ENGINES = ("transformer_engine", "inference_optimized")
 
 
 def transformer_config_kwargs(model: ModelConfig, compute_dtype: str) -> dict:
@@ -34,7 +31,7 @@ def transformer_config_kwargs(model: ModelConfig, compute_dtype: str) -> dict:
     """
     if not family(model).megatron:
         raise ValueError(
-            f"model.family={model.family!r} has no megatron mapping yet; use engine=native."
+            f"model.family={model.family!r} has no megatron mapping yet; use engine={NATIVE.name}."
         )
     bf16 = compute_dtype == "bfloat16"
     kwargs = {
@@ -74,13 +71,13 @@ def transformer_config_kwargs(model: ModelConfig, compute_dtype: str) -> dict:
     if model.is_moe:
         kwargs.update(
             {
-                "num_moe_experts": model.num_experts,
-                "moe_router_topk": model.num_experts_per_tok,
-                "moe_ffn_hidden_size": model.moe_intermediate_size,
+                "num_moe_experts": model.moe.num_experts,
+                "moe_router_topk": model.moe.num_experts_per_tok,
+                "moe_ffn_hidden_size": model.moe.intermediate_size,
                 # Qwen3-MoE: softmax over all experts, top-k, renormalise (norm_topk_prob);
                 # megatron's top-k then softmax is the same function, pre-softmax is the
                 # un-normalised one.
-                "moe_router_pre_softmax": not model.norm_topk_prob,
+                "moe_router_pre_softmax": not model.moe.norm_topk_prob,
                 "moe_router_score_function": "softmax",
                 "moe_router_load_balancing_type": "none",
                 "moe_aux_loss_coeff": 0.0,
@@ -135,7 +132,7 @@ def ungroup_qkv(model: ModelConfig, qkv: torch.Tensor) -> torch.Tensor:
 
 def _layer_names(model: ModelConfig, engine: str, i: int) -> dict[str, str]:
     """zkl's per-layer names -> megatron's, for the non-fused parameters of layer i."""
-    fused = engine in FUSED_NORM_ENGINES
+    fused = engine_named(engine).fused_norm  # the pre-norms live in the next linear (TE)
     a, m = f"decoder.layers.{i}.self_attention.", f"decoder.layers.{i}."
     names = {
         "self_attn.o_proj.weight": a + "linear_proj.weight",
@@ -164,7 +161,7 @@ def _mlp_names(model: ModelConfig, i: int) -> dict[str, str]:
     if not model.layer_is_moe(i):
         return {p + "mlp.gate_up_proj.weight": m + "mlp.linear_fc1.weight"}
     names = {}
-    for e in range(model.num_experts):
+    for e in range(model.moe.num_experts):
         x, y = f"{p}mlp.experts.{e}.", f"{m}mlp.experts.local_experts.{e}."
         names[x + "gate_up_proj.weight"] = y + "linear_fc1.weight"
         names[x + "down_proj.weight"] = y + "linear_fc2.weight"
@@ -172,7 +169,7 @@ def _mlp_names(model: ModelConfig, i: int) -> dict[str, str]:
 
 
 def to_megatron(
-    state: dict[str, torch.Tensor], model: ModelConfig, engine: str = "megatron_local"
+    state: dict[str, torch.Tensor], model: ModelConfig, engine: str
 ) -> dict[str, torch.Tensor]:
     """zkl's native state dict -> GPTModel's (tied lm_head dropped: it is the embedding)."""
     out = {"embedding.word_embeddings.weight": state["embed_tokens.weight"]}
@@ -194,7 +191,7 @@ def to_megatron(
 
 
 def from_megatron(
-    state: dict[str, torch.Tensor], model: ModelConfig, engine: str = "megatron_local"
+    state: dict[str, torch.Tensor], model: ModelConfig, engine: str
 ) -> dict[str, torch.Tensor]:
     """GPTModel's state dict -> zkl's native names (the inverse of `to_megatron`)."""
     out = {"embed_tokens.weight": state["embedding.word_embeddings.weight"]}

@@ -78,7 +78,7 @@ class MegatronLM(CausalLM):
     def __init__(self, cfg: ModelConfig, engine: str, compute_dtype: torch.dtype):
         super().__init__()
         self.cfg = cfg
-        self.backend = engine  # engine.backend: which megatron-core spec built it
+        self.engine = engine  # the `engine.name` whose megatron-core spec built it
         self.rope = RotaryEmbedding(cfg)
         self.step = Step(rope=self.rope)
         self.gpt = GPTModel(
@@ -106,7 +106,7 @@ class MegatronLM(CausalLM):
     def native_state_dict(self) -> dict[str, torch.Tensor]:
         """GPTModel's weights under zkl's native names (`mapping.from_megatron`)."""
         state = {k: v for k, v in self.gpt.state_dict().items() if not k.endswith("_extra_state")}
-        return from_megatron(state, self.cfg, self.backend)
+        return from_megatron(state, self.cfg, self.engine)
 
     def logits(self, tokens, positions, cache, slots, logit_index, routes=None) -> torch.Tensor:
         """GPTModel's forward with the step's positions and cache set for its layers. Its MoE

@@ -8,7 +8,7 @@ megatron's code, zero mode is zkl's kernels, and `fixes.<name>=false` ablates on
 Core attention is always zkl's slot (`zkl.megatron.attention`), because it is where zkl's KV
 cache plugs in.
 
-Imports megatron-core (Python >= 3.12); `zkl.megatron.check` runs first.
+Imports megatron-core (Python >= 3.12); `zkl.engines.engine_problem` runs first.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
 from zkl import ops
+from zkl.engines import Engine, engine_named
 from zkl.megatron.attention import Step, ZklCoreAttention, te_core_attention_class
 from zkl.models.config import ModelConfig
 from zkl.models.moe import fixed_order, fixed_route, run_experts
@@ -173,9 +174,9 @@ class ZklMoELayer(MoELayer):
 
 
 class Providers(NamedTuple):
-    """The modules of one engine's spec, zkl's subclasses of its backend's."""
+    """The modules of one megatron-core spec, zkl's subclasses of its provider's."""
 
-    backend: object  # megatron's spec provider
+    provider: object  # megatron's spec provider
     column: type
     row: type
     fused: type | None  # norm + column linear in one module (TE), or None
@@ -183,45 +184,52 @@ class Providers(NamedTuple):
     core_attention: type
 
 
-def _providers(engine: str) -> Providers:
-    if engine == "megatron_local":
-        return Providers(
-            LocalSpecProvider(),
-            ZklColumnParallelLinear,
-            ZklRowParallelLinear,
-            None,
-            ZklRMSNorm,
-            ZklCoreAttention,
-        )
-    from megatron.core.extensions.transformer_engine_spec_provider import TESpecProvider
-    from megatron.core.models.backends import InferenceSpecProvider
-
-    backend = InferenceSpecProvider() if engine == "inference_optimized" else TESpecProvider()
+def _local() -> Providers:
     return Providers(
-        backend,
-        zkl_linear_class(backend.column_parallel_linear()),
-        zkl_linear_class(backend.row_parallel_linear()),
-        zkl_linear_class(backend.column_parallel_layer_norm_linear()),
+        LocalSpecProvider(),
+        ZklColumnParallelLinear,
+        ZklRowParallelLinear,
+        None,
         ZklRMSNorm,
-        te_core_attention_class(backend.core_attention()),
+        ZklCoreAttention,
     )
 
 
-def _mlp_spec(model: ModelConfig, engine: str, moe: bool):
-    if moe and engine == "inference_optimized":
-        # megatron-core's inference MoE (InferenceGroupedMLP) maps squared ReLU only: the
-        # gated-SiLU experts of zkl's MoE families take Transformer Engine's SequentialMLP.
-        engine = "transformer_engine"
-    backend, column, row, fused, _, _ = _providers(engine)
+def _transformer_engine(inference: bool) -> Providers:
+    # Transformer Engine is optional: imported only for the specs built on it
+    from megatron.core.extensions.transformer_engine_spec_provider import TESpecProvider
+    from megatron.core.models.backends import InferenceSpecProvider
+
+    provider = InferenceSpecProvider() if inference else TESpecProvider()
+    return Providers(
+        provider,
+        zkl_linear_class(provider.column_parallel_linear()),
+        zkl_linear_class(provider.row_parallel_linear()),
+        zkl_linear_class(provider.column_parallel_layer_norm_linear()),
+        ZklRMSNorm,
+        te_core_attention_class(provider.core_attention()),
+    )
+
+
+# An engine's `spec` (zkl.engines) -> the modules of megatron-core's spec of that name.
+PROVIDERS = {
+    "local": _local,
+    "te": partial(_transformer_engine, inference=False),
+    "te_inference": partial(_transformer_engine, inference=True),
+}
+
+
+def _mlp_spec(model: ModelConfig, spec_name: str, moe: bool):
+    provider, column, row, fused, _, _ = PROVIDERS[spec_name]()
     if not moe:
-        spec = get_mlp_module_spec_for_backend(backend=backend, num_experts=None)
+        spec = get_mlp_module_spec_for_backend(backend=provider, num_experts=None)
         submodules = spec.keywords["submodules"]
         submodules.linear_fc1 = fused or column
         submodules.linear_fc2 = row
         submodules.activation_func = ZklSwiGLU
         return spec
     spec = get_mlp_module_spec_for_backend(
-        backend=backend, num_experts=model.num_experts, moe_grouped_gemm=False
+        backend=provider, num_experts=model.moe.num_experts, moe_grouped_gemm=False
     )
     spec.keywords["submodules"].router = ZklTopKRouter
     experts = spec.keywords["submodules"].experts
@@ -233,9 +241,10 @@ def _mlp_spec(model: ModelConfig, engine: str, moe: bool):
     return partial(ZklMoELayer, *spec.args, **spec.keywords)
 
 
-def layer_spec(model: ModelConfig, engine: str, step: Step, moe: bool) -> ModuleSpec:
-    """One TransformerLayer spec with zkl's modules in every slot (docs/megatron.md's table)."""
-    _, column, row, fused, norm, core_attention = _providers(engine)
+def layer_spec(model: ModelConfig, engine: Engine, step: Step, moe: bool) -> ModuleSpec:
+    """One TransformerLayer spec with zkl's modules in every slot (docs/megatron.md's table):
+    the engine's spec, and for an MoE layer's MLP its `moe_spec`."""
+    _, column, row, fused, norm, core_attention = PROVIDERS[engine.spec]()
     qk_norm = norm if model.qk_norm else IdentityOp
     # MoE layers keep a separate pre-MLP norm (megatron's TE spec does the same).
     pre_mlp = norm if (fused is None or moe) else IdentityOp
@@ -256,16 +265,18 @@ def layer_spec(model: ModelConfig, engine: str, step: Step, moe: bool) -> Module
             ),
             self_attn_bda=get_bias_dropout_add,
             pre_mlp_layernorm=pre_mlp,
-            mlp=_mlp_spec(model, engine, moe),
+            mlp=_mlp_spec(model, engine.spec_for(moe), moe),
             mlp_bda=get_bias_dropout_add,
         ),
     )
 
 
 def block_spec(model: ModelConfig, engine: str, step: Step) -> TransformerBlockSubmodules:
-    """The decoder: one layer spec per layer (dense or MoE by zkl's rule), zkl's final norm."""
+    """The decoder of `engine` (`engine.name`): one layer spec per layer (dense or MoE by
+    zkl's rule), zkl's final norm."""
+    entry = engine_named(engine)
     layers = [
-        layer_spec(model, engine, step, model.layer_is_moe(i))
+        layer_spec(model, entry, step, model.layer_is_moe(i))
         for i in range(model.num_hidden_layers)
     ]
     return TransformerBlockSubmodules(layer_specs=layers, layer_norm=ZklRMSNorm)

@@ -6,9 +6,10 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from zkl.engines import NATIVE
 from zkl.generation.kv_cache import KVCache
-from zkl.generation.routes import RouteTape
 from zkl.models.config import check_positions
+from zkl.routes import RouteTape
 
 
 class CausalLM(nn.Module):
@@ -19,7 +20,7 @@ class CausalLM(nn.Module):
     `make_cache` is overridden by models with more than K/V.
     """
 
-    backend = "native"  # `engine.backend` that built it (the scheduler's graph rule reads it)
+    engine = NATIVE.name  # the `engine.name` that built it (the scheduler's graph rule reads it)
     # The train path runs `hidden_states` once and `lm_head` a chunk of tokens at a time
     # (zkl/trainer/scoring.py); a model whose framework computes its own head says False.
     chunked_head = True
@@ -42,7 +43,7 @@ class CausalLM(nn.Module):
         With `cache` (gen path), K/V of these tokens go to the cache rows `slots` [B] and
         attention reads every cached key of the row; without it (train path), the row's
         own tokens are its keys and positions must be 0..T-1. `routes`: this forward's route
-        tape, which its MoE layers record into or replay from (`zkl.generation.routes`).
+        tape, which its MoE layers record into or replay from (`zkl.routes`).
         """
         return self.logits(tokens, positions, cache, slots, logit_index, routes)
 
@@ -52,8 +53,9 @@ class CausalLM(nn.Module):
         return self.state_dict()
 
     def check_positions(self, positions: int, needed_by: str) -> None:
-        """ConfigError when `positions` pass the model's position limit: the engine asks the
-        model, so the rule stays with the model's config and generation imports no model code."""
+        """ConfigError when `positions` pass the model's position limit: the scheduler asks
+        the model, so the rule stays with the model's config and generation imports no model
+        code."""
         check_positions(self.cfg, positions, needed_by)
 
     def logits(self, tokens, positions, cache, slots, logit_index, routes) -> torch.Tensor:

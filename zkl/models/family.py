@@ -24,6 +24,8 @@ files and one line in `zkl.models.registry`:
   Mamba state).
 - `capabilities`: features the family may use: "moe", "mamba", "sinks", "sliding_window",
   "route_replay" (its MoE layers replay the generator's routes, `rl.routing_replay`).
+- `sections`: the sections of `ModelConfig` it reads ("rope", "moe", "mamba"); a section it
+  does not read must stay at its defaults (`zkl.models.config.check_sections`).
 - `megatron`: whether `zkl.megatron` maps the family onto megatron-core.
 - `modules`: the family's own source files under `zkl/` (with the registry, the only files
   that may name the family; tests/models/test_families.py greps for it).
@@ -37,7 +39,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from zkl.models.config import ModelConfig
+from zkl.models.config import SECTIONS, ModelConfig
 
 CAPABILITIES = ("moe", "mamba", "sinks", "sliding_window", "route_replay")
 CACHE_KINDS = ("kv", "hybrid")
@@ -58,8 +60,10 @@ class Family:
     config_to_hf: Callable[[ModelConfig], dict] | None = None
     cache: str = "kv"
     capabilities: frozenset[str] = frozenset()
+    sections: frozenset[str] = frozenset({"rope"})
     megatron: bool = False
 
     def __post_init__(self) -> None:
         assert self.cache in CACHE_KINDS, self.cache
         assert set(self.capabilities) <= set(CAPABILITIES), self.capabilities
+        assert set(self.sections) <= set(SECTIONS), self.sections

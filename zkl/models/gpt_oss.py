@@ -1,6 +1,7 @@
 """gpt-oss: attention with learned sinks, alternating sliding-window and full layers, YaRN
-RoPE, biases on q/k/v/o, and a top-k MoE (router bias, softmax over the k chosen logits)
-whose experts are biased clamped SwiGLUs. One definition for the train path and the gen path.
+RoPE (`model.rope.type=yarn`, a rule of `zkl.models.rope`), biases on q/k/v/o, and a top-k
+MoE (router bias, softmax over the k chosen logits) whose experts are biased clamped SwiGLUs.
+One definition for the train path and the gen path.
 
 Attention is the shared `transformer.Attention` (its sinks, o_proj bias and window come from
 the config). The MoE dispatches as Qwen3-MoE's does (`zkl.models.moe`): grouped per expert on
@@ -19,7 +20,6 @@ from zkl.models import transformer
 from zkl.models.config import ModelConfig
 from zkl.models.moe import SparseMoE, grouped_bias, top_k_softmax_route
 from zkl.models.transformer import Linear
-from zkl.models.yarn import YarnRotaryEmbedding
 from zkl.ops import activations
 
 
@@ -38,11 +38,11 @@ class Expert(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        width = cfg.moe_intermediate_size
+        width = cfg.moe.intermediate_size
         parts = {"gate_proj": width, "up_proj": width}
         self.gate_up_proj = Linear(cfg.hidden_size, parts, True)
         self.down_proj = Linear(width, cfg.hidden_size, True)
-        self.alpha, self.limit = cfg.swiglu_alpha, cfg.swiglu_limit
+        self.alpha, self.limit = cfg.moe.swiglu_alpha, cfg.moe.swiglu_limit
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj.split(self.gate_up_proj(x))
@@ -54,9 +54,9 @@ class MoE(SparseMoE):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.top_k = cfg.num_experts_per_tok
-        self.gate = Linear(cfg.hidden_size, cfg.num_experts, True, quantizable=False)
-        self.experts = nn.ModuleList(Expert(cfg) for _ in range(cfg.num_experts))
+        self.top_k = cfg.moe.num_experts_per_tok
+        self.gate = Linear(cfg.hidden_size, cfg.moe.num_experts, True, quantizable=False)
+        self.experts = nn.ModuleList(Expert(cfg) for _ in range(cfg.moe.num_experts))
 
     def choose_experts(self, x: torch.Tensor, fixed: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N, H] -> (expert ids [N, k], fp32 weights [N, k]) (`moe.top_k_softmax_route`)."""
@@ -89,4 +89,3 @@ class Block(transformer.Block):
 
 class GptOss(transformer.Transformer):
     block_class = Block
-    rope_class = YarnRotaryEmbedding

@@ -17,7 +17,7 @@ import re
 import torch
 
 from zkl.models import mxfp4
-from zkl.models.config import ModelConfig, check_top_k
+from zkl.models.config import ModelConfig, MoEConfig, RopeConfig, check_top_k
 from zkl.models.family import Family
 from zkl.models.gpt_oss import GptOss
 from zkl.models.hf_config import decoder_fields
@@ -44,38 +44,45 @@ def config_from_hf(hf: dict, base: ModelConfig) -> ModelConfig:
             f"config.json rope type {rope_type!r} is not supported for gpt_oss (yarn)."
         )
     decoder_fields(hf, base)
-    base.moe_intermediate_size = base.intermediate_size
     bias = bool(hf.get("attention_bias", True))
     layers = range(base.num_hidden_layers)
     default_types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in layers]
     base.rms_norm_eps = float(hf.get("rms_norm_eps", 1e-5))
-    base.rope_theta = float(rope.get("rope_theta", hf.get("rope_theta", 150000.0)))
-    base.yarn_factor = float(rope.get("factor") or 1.0) if rope_type == "yarn" else 1.0
-    base.yarn_beta_fast = float(rope.get("beta_fast") or 32.0)
-    base.yarn_beta_slow = float(rope.get("beta_slow") or 1.0)
-    base.yarn_original_max_position_embeddings = int(
-        rope.get("original_max_position_embeddings") or base.max_position_embeddings
+    # YaRN always: a config.json without scaling is YaRN of factor 1, as gpt-oss computes it
+    base.rope = RopeConfig(
+        type="yarn",
+        theta=float(rope.get("rope_theta", hf.get("rope_theta", 150000.0))),
+        factor=float(rope.get("factor") or 1.0) if rope_type == "yarn" else 1.0,
+        beta_fast=float(rope.get("beta_fast") or 32.0),
+        beta_slow=float(rope.get("beta_slow") or 1.0),
+        original_max_position_embeddings=int(
+            rope.get("original_max_position_embeddings") or base.max_position_embeddings
+        ),
+        truncate=bool(rope.get("truncate", True)),
     )
-    base.yarn_truncate = bool(rope.get("truncate", True))
     base.qkv_bias = base.o_proj_bias = bias
     base.qk_norm = False
     base.attention_sinks = True
     base.sliding_window = int(hf.get("sliding_window") or 0)
     base.layer_types = list(hf.get("layer_types") or default_types)
-    base.num_experts = hf["num_local_experts"]
-    base.num_experts_per_tok = hf["num_experts_per_tok"]
-    base.swiglu_alpha = float(hf.get("swiglu_alpha", 1.702))
-    base.swiglu_limit = float(hf.get("swiglu_limit", 7.0))
+    base.moe = MoEConfig(
+        num_experts=hf["num_local_experts"],
+        num_experts_per_tok=hf["num_experts_per_tok"],
+        intermediate_size=base.intermediate_size,
+        swiglu_alpha=float(hf.get("swiglu_alpha", 1.702)),
+        swiglu_limit=float(hf.get("swiglu_limit", 7.0)),
+    )
     return base
 
 
 def validate(cfg: ModelConfig) -> None:
     """gpt-oss's own rules; ValueError in one sentence naming the key to change."""
-    if cfg.num_experts <= 0:
-        raise ValueError(f"model.num_experts must be positive for model.family={cfg.family!r}.")
-    check_top_k(cfg, "num_experts")
-    if cfg.moe_intermediate_size <= 0:
-        raise ValueError("model.moe_intermediate_size must be positive for gpt_oss.")
+    moe = cfg.moe
+    if moe.num_experts <= 0:
+        raise ValueError(f"model.moe.num_experts must be positive for model.family={cfg.family!r}.")
+    check_top_k(cfg)
+    if moe.intermediate_size <= 0:
+        raise ValueError("model.moe.intermediate_size must be positive for gpt_oss.")
     if len(cfg.layer_types) != cfg.num_hidden_layers or set(cfg.layer_types) - set(LAYER_TYPES):
         raise ValueError(
             f"model.layer_types must name one of {list(LAYER_TYPES)} for each of the "
@@ -83,17 +90,18 @@ def validate(cfg: ModelConfig) -> None:
         )
     if "sliding_attention" in cfg.layer_types and cfg.sliding_window <= 0:
         raise ValueError("model.sliding_window must be positive for sliding_attention layers.")
-    if cfg.yarn_factor < 1:
-        raise ValueError(f"model.yarn_factor={cfg.yarn_factor} must be at least 1 for gpt_oss.")
+    if cfg.rope.type != "yarn":
+        raise ValueError(f"model.rope.type={cfg.rope.type!r} must be yarn for gpt_oss.")
     if (
         not cfg.attention_sinks
         or cfg.qk_norm
-        or cfg.decoder_sparse_step != 1
-        or cfg.mlp_only_layers
+        or moe.decoder_sparse_step != 1
+        or moe.mlp_only_layers
     ):
         raise ValueError(
             "gpt_oss needs model.attention_sinks=true, model.qk_norm=false, "
-            "model.decoder_sparse_step=1 and model.mlp_only_layers=[] (every layer is MoE)."
+            "model.moe.decoder_sparse_step=1 and model.moe.mlp_only_layers=[] (every layer is "
+            "MoE)."
         )
 
 
@@ -132,7 +140,7 @@ def convert(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, tor
             stacks.setdefault(prefix, {})[proj + (suffix or "")] = tensor
         else:
             out[key] = tensor
-    e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+    e, h, i = cfg.moe.num_experts, cfg.hidden_size, cfg.moe.intermediate_size
     for prefix, parts in stacks.items():
         name = f"{prefix}.experts"
         named = {f"{name}.{k}": v for k, v in parts.items()}
@@ -166,9 +174,9 @@ GPT_OSS = Family(
     modules=(
         "zkl/models/gpt_oss_family.py",
         "zkl/models/gpt_oss.py",
-        "zkl/models/yarn.py",
         "zkl/models/mxfp4.py",
     ),
     convert=convert,
     capabilities=frozenset({"moe", "sinks", "sliding_window"}),
+    sections=frozenset({"rope", "moe"}),
 )

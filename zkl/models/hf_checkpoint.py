@@ -85,7 +85,7 @@ def _unfuse_experts(
     down_proj); the model's gate_up_proj joins gate and up again (`fused.join_fused`)."""
     layer, kind = _FUSED_EXPERTS.match(key).groups()
     prefix = f"layers.{layer}.mlp.experts"
-    e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+    e, h, i = cfg.moe.num_experts, cfg.hidden_size, cfg.moe.intermediate_size
     if kind == "gate_up_proj":
         # transformers 5: [E, 2I, H], linear(x, W[e]).chunk(2) -> gate first; when 2I == H
         # the shape is ambiguous and this (the transformers 5) layout is taken.

@@ -4,14 +4,13 @@ elsewhere for evaluation."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from zkl.models.config import ModelConfig
+from zkl.models.config import ModelConfig, leaves, value_at
 from zkl.models.hf_checkpoint import to_hf
 from zkl.models.registry import FAMILIES, family
 
@@ -37,14 +36,14 @@ def hf_config(cfg: ModelConfig) -> dict:
     base = ModelConfig(name=cfg.name, family=cfg.family, checkpoint=cfg.checkpoint)
     back = entry.config_from_hf(json.loads(json.dumps(hf)), base)
     differ = [
-        f.name
-        for f in dataclasses.fields(ModelConfig)
-        if f.name not in ("name", "checkpoint") and getattr(back, f.name) != getattr(cfg, f.name)
+        key
+        for key, _ in leaves()
+        if key not in ("name", "checkpoint") and value_at(back, key) != value_at(cfg, key)
     ]
     if differ:
         raise ValueError(
-            f"model.{differ[0]}={getattr(cfg, differ[0])!r} cannot be written into a "
-            f"{cfg.family} config.json (it reads back as {getattr(back, differ[0])!r})."
+            f"model.{differ[0]}={value_at(cfg, differ[0])!r} cannot be written into a "
+            f"{cfg.family} config.json (it reads back as {value_at(back, differ[0])!r})."
         )
     return hf
 

@@ -18,7 +18,7 @@ import torch
 
 from zkl.console import say
 from zkl.errors import ConfigError
-from zkl.models.config import SHAPE_KEYS, ModelConfig
+from zkl.models.config import SHAPE_KEYS, ModelConfig, value_at
 from zkl.models.hf_checkpoint import map_state_dict, model_config_from_hf
 from zkl.models.hf_weight_files import check_weight_dir, headers
 from zkl.models.registry import param_count
@@ -27,31 +27,29 @@ from zkl.models.registry import param_count
 ARCH_KEYS = (
     "family",
     *SHAPE_KEYS,
-    "rope_theta",
     "rms_norm_eps",
     "qkv_bias",
     "qk_norm",
     "tie_word_embeddings",
-    "num_experts",
-    "num_experts_per_tok",
-    "moe_intermediate_size",
-    "norm_topk_prob",
-    "decoder_sparse_step",
-    "mlp_only_layers",
     "o_proj_bias",
     "mlp_bias",
-    "rope_type",
-    "rope_factor",
-    "rope_low_freq_factor",
-    "rope_high_freq_factor",
-    "rope_original_max_position_embeddings",
     "sliding_window",
     "attention_sinks",
     "layer_types",
-    "yarn_factor",
-    "yarn_original_max_position_embeddings",
-    "swiglu_alpha",
-    "swiglu_limit",
+    "rope.type",
+    "rope.theta",
+    "rope.factor",
+    "rope.low_freq_factor",
+    "rope.high_freq_factor",
+    "rope.original_max_position_embeddings",
+    "moe.num_experts",
+    "moe.num_experts_per_tok",
+    "moe.intermediate_size",
+    "moe.norm_topk_prob",
+    "moe.decoder_sparse_step",
+    "moe.mlp_only_layers",
+    "moe.swiglu_alpha",
+    "moe.swiglu_limit",
 )
 # The torch dtype of each safetensors dtype zkl reads (`zkl.models.hf_weight_files.DTYPE_BYTES`).
 DTYPES = {
@@ -101,10 +99,10 @@ def check_hf_weights(model: ModelConfig) -> None:
     path = Path(model.checkpoint)
     theirs = hf_model_config(model)
     for name in ARCH_KEYS:
-        if getattr(model, name) != getattr(theirs, name):
+        if value_at(model, name) != value_at(theirs, name):
             raise ConfigError(
-                f"{key} has {name}={getattr(theirs, name)!r} in its config.json but "
-                f"model.{name}={getattr(model, name)!r}; use the model config of the checkpoint."
+                f"{key} has {name}={value_at(theirs, name)!r} in its config.json but "
+                f"model.{name}={value_at(model, name)!r}; use the model config of the checkpoint."
             )
     try:
         mapped = map_state_dict(_meta_tensors(path), model, path)

@@ -3,7 +3,7 @@ optional biases, its RoPE scaling (`linear`, `llama3`) and Mistral's sliding win
 
 from __future__ import annotations
 
-from zkl.models.config import ModelConfig, check_plain_dense
+from zkl.models.config import ModelConfig, RopeConfig
 from zkl.models.family import Family
 from zkl.models.hf_config import (
     check_rope_type,
@@ -27,14 +27,13 @@ def _config_from_hf(hf: dict, base: ModelConfig) -> ModelConfig:
     bias = bool(hf.get("attention_bias", False))  # q/k/v and o_proj alike
     cfg.qkv_bias, cfg.o_proj_bias, cfg.qk_norm = bias, bias, False
     cfg.mlp_bias = bool(hf.get("mlp_bias", False))
-    cfg.rope_theta = rope["rope_theta"]
-    cfg.rope_type = rope["rope_type"]
-    if cfg.rope_type != "default":
-        cfg.rope_factor = float(rope["factor"])
-    if cfg.rope_type == "llama3":
-        cfg.rope_low_freq_factor = float(rope["low_freq_factor"])
-        cfg.rope_high_freq_factor = float(rope["high_freq_factor"])
-        cfg.rope_original_max_position_embeddings = int(rope["original_max_position_embeddings"])
+    cfg.rope = RopeConfig(type=rope["rope_type"], theta=rope["rope_theta"])
+    if cfg.rope.type != "default":
+        cfg.rope.factor = float(rope["factor"])
+    if cfg.rope.type == "llama3":
+        cfg.rope.low_freq_factor = float(rope["low_freq_factor"])
+        cfg.rope.high_freq_factor = float(rope["high_freq_factor"])
+        cfg.rope.original_max_position_embeddings = int(rope["original_max_position_embeddings"])
     window = hf.get("sliding_window") or 0
     if window and base.family != MISTRAL.name:
         raise ValueError(
@@ -46,10 +45,15 @@ def _config_from_hf(hf: dict, base: ModelConfig) -> ModelConfig:
     return cfg
 
 
+def _no_rules(cfg: ModelConfig) -> None:
+    """Llama and Mistral have no rules of their own (they read no model.moe:
+    `Family.sections`; Mistral's window is the shared `sliding_window`)."""
+
+
 _COMMON = dict(
     model_class=Transformer,
     config_from_hf=_config_from_hf,
-    validate=check_plain_dense,
+    validate=_no_rules,
     init_weights=init_weights,
     modules=("zkl/models/llama_family.py",),
 )

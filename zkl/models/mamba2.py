@@ -178,25 +178,26 @@ class Mamba2Mixer(nn.Module):
     def __init__(self, cfg: ModelConfig, index: int):
         super().__init__()
         self.index = index  # this layer's row in the cache's Mamba buffers
-        self.num_heads = cfg.mamba_num_heads
-        self.head_dim = cfg.mamba_head_dim
-        self.n_groups = cfg.n_groups
-        self.state_size = cfg.ssm_state_size
-        self.chunk = cfg.chunk_size
-        self.kernel = cfg.conv_kernel
-        self.dt_min = cfg.time_step_min
+        mamba = cfg.mamba
+        self.num_heads = mamba.num_heads
+        self.head_dim = mamba.head_dim
+        self.num_groups = mamba.num_groups
+        self.state_size = mamba.state_size
+        self.chunk = mamba.chunk_size
+        self.kernel = mamba.conv_kernel
+        self.dt_min = mamba.time_step_min
         self.inner = self.num_heads * self.head_dim
-        self.conv_dim = self.inner + 2 * self.n_groups * self.state_size
-        bias = cfg.mamba_proj_bias
+        self.conv_dim = self.inner + 2 * self.num_groups * self.state_size
+        bias = mamba.proj_bias
         projected = self.inner + self.conv_dim + self.num_heads  # gate, x B C, dt
         self.in_proj = Linear(cfg.hidden_size, projected, bias)
         self.conv1d = nn.Conv1d(
-            self.conv_dim, self.conv_dim, self.kernel, groups=self.conv_dim, bias=cfg.use_conv_bias
+            self.conv_dim, self.conv_dim, self.kernel, groups=self.conv_dim, bias=mamba.conv_bias
         )
         self.dt_bias = nn.Parameter(torch.ones(self.num_heads))
         self.A_log = nn.Parameter(torch.zeros(self.num_heads))
         self.D = nn.Parameter(torch.ones(self.num_heads))
-        self.norm = GatedRMSNorm(self.inner, self.inner // self.n_groups, cfg.rms_norm_eps)
+        self.norm = GatedRMSNorm(self.inner, self.inner // self.num_groups, cfg.rms_norm_eps)
         self.out_proj = Linear(self.inner, cfg.hidden_size, bias)
 
     def conv(self, xbc: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
@@ -217,11 +218,11 @@ class Mamba2Mixer(nn.Module):
     def split(self, xbc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Post-conv channels [b, T, Cd] -> x [b, T, H, P], B, C [b, T, H, N] in fp32."""
         b, length, _ = xbc.shape
-        g_n = self.n_groups * self.state_size
+        g_n = self.num_groups * self.state_size
         x, B, C = xbc.float().split([self.inner, g_n, g_n], dim=-1)
-        reps = self.num_heads // self.n_groups
-        B = B.view(b, length, self.n_groups, -1).repeat_interleave(reps, dim=2)
-        C = C.view(b, length, self.n_groups, -1).repeat_interleave(reps, dim=2)
+        reps = self.num_heads // self.num_groups
+        B = B.view(b, length, self.num_groups, -1).repeat_interleave(reps, dim=2)
+        C = C.view(b, length, self.num_groups, -1).repeat_interleave(reps, dim=2)
         return x.view(b, length, self.num_heads, self.head_dim), B, C
 
     def forward(self, hidden: torch.Tensor, positions: torch.Tensor, cache=None, slots=None):

@@ -20,15 +20,15 @@ import torch
 from torch import nn
 
 from zkl import ops
-from zkl.generation.routes import RouteTape
 from zkl.invariance import is_enabled
 from zkl.precision.recipes import quantizes
+from zkl.routes import RouteTape
 
 
 def router_probs(x: torch.Tensor, gate_weight: torch.Tensor, fixed: bool) -> torch.Tensor:
     """The router's fp32 probabilities [N, E] of x [N, H]: with `moe_combine_order` (`fixed`)
-    fp32 logits and the invariant softmax; else logits in the activation dtype, as an eager
-    engine computes them."""
+    fp32 logits and the invariant softmax; else logits in the activation dtype, as eager
+    PyTorch computes them."""
     if fixed:
         return ops.softmax(ops.linear(x.float(), gate_weight.float(), None))
     return torch.softmax(ops.linear(x, gate_weight.to(x.dtype), None).float(), dim=-1)
@@ -70,7 +70,7 @@ def taped_route(
     tape: RouteTape | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The layer's own route (top_i, top_w [N, k]) as the forward's route tape has it
-    (`zkl.generation.routes`): recorded and returned unchanged, or replayed: the tape's expert
+    (`zkl.routes`): recorded and returned unchanged, or replayed: the tape's expert
     ids (own ones where it has none) weighted by this router's probabilities of them,
     renormalised as the router renormalises (R3: the gate stays differentiable, the choice is
     the generator's). No tape: unchanged."""
@@ -162,7 +162,7 @@ def top_k_softmax_route(
 
     x [N, H] -> (expert ids [N, k], fp32 weights [N, k]). Fixed (`moe_combine_order`): fp32
     logits, a stable sort (ties to the lower expert id), an fp32 softmax; default: the
-    activation dtype and `topk`, as an eager engine runs it.
+    activation dtype and `topk`, as eager PyTorch runs it.
     """
     if fixed:
         logits = ops.linear(x.float(), weight.float(), bias.float())

@@ -37,8 +37,8 @@ class Router(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(cfg.n_routed_experts, cfg.hidden_size))
-        self.register_buffer("e_score_correction_bias", torch.zeros(cfg.n_routed_experts))
+        self.weight = nn.Parameter(torch.empty(cfg.moe.num_experts, cfg.hidden_size))
+        self.register_buffer("e_score_correction_bias", torch.zeros(cfg.moe.num_experts))
 
 
 class HybridMoE(SparseMoE):
@@ -46,18 +46,19 @@ class HybridMoE(SparseMoE):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.top_k = cfg.num_experts_per_tok
-        self.norm_topk_prob = cfg.norm_topk_prob
-        self.scale = cfg.routed_scaling_factor
-        self.n_group, self.topk_group = cfg.n_group, cfg.topk_group
+        moe = cfg.moe
+        self.top_k = moe.num_experts_per_tok
+        self.norm_topk_prob = moe.norm_topk_prob
+        self.scale = moe.routed_scaling_factor
+        self.num_expert_groups, self.topk_expert_groups = (
+            moe.num_expert_groups,
+            moe.topk_expert_groups,
+        )
         self.gate = Router(cfg)
         self.experts = nn.ModuleList(
-            ReluSquaredMLP(cfg.hidden_size, cfg.moe_intermediate_size)
-            for _ in range(cfg.n_routed_experts)
+            ReluSquaredMLP(cfg.hidden_size, moe.intermediate_size) for _ in range(moe.num_experts)
         )
-        self.shared_experts = ReluSquaredMLP(
-            cfg.hidden_size, cfg.moe_shared_expert_intermediate_size
-        )
+        self.shared_experts = ReluSquaredMLP(cfg.hidden_size, moe.shared_expert_intermediate_size)
 
     def choose_experts(self, x: torch.Tensor, fixed: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N, H] -> (expert ids [N, k], fp32 weights [N, k]), HF's group-limited top-k."""
@@ -65,10 +66,10 @@ class HybridMoE(SparseMoE):
         scores = sigmoid(logits)  # [N, E]
         choice = scores + self.gate.e_score_correction_bias.float()
         num = scores.shape[0]
-        grouped = choice.view(num, self.n_group, -1)
-        if self.n_group > 1:
+        grouped = choice.view(num, self.num_expert_groups, -1)
+        if self.num_expert_groups > 1:
             group_scores = grouped.topk(2, dim=-1)[0].sum(-1)  # [N, G]
-            keep = group_scores.topk(self.topk_group, dim=-1)[1]
+            keep = group_scores.topk(self.topk_expert_groups, dim=-1)[1]
             mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, keep, True)
             grouped = grouped.masked_fill(~mask.unsqueeze(-1), float("-inf"))
         choice = grouped.view(num, -1)
@@ -112,7 +113,7 @@ class HybridLayer(nn.Module):
             self.mixer = ReluSquaredMLP(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, x, positions, cache=None, slots=None, routes=None) -> torch.Tensor:
-        """`routes`: the forward's route tape, for an MoE layer (`zkl.generation.routes`)."""
+        """`routes`: the forward's route tape, for an MoE layer (`zkl.routes`)."""
         h = self.norm(x)
         if self.kind == "mamba":
             return x + self.mixer(h, positions, cache, slots)

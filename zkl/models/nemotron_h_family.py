@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from zkl.models.config import LAYER_KINDS, ModelConfig, check_dense, check_divides, check_top_k
+from zkl.models.config import (
+    LAYER_KINDS,
+    MambaConfig,
+    ModelConfig,
+    MoEConfig,
+    check_divides,
+    check_top_k,
+)
 from zkl.models.family import Family
 from zkl.models.nemotron_h import NemotronH, init_hybrid_weights
 
@@ -40,30 +47,33 @@ def _config_from_hf(hf: dict, base: ModelConfig) -> ModelConfig:
     cfg.max_position_embeddings = hf["max_position_embeddings"]
     cfg.qkv_bias, cfg.qk_norm = False, False
     cfg.tie_word_embeddings = bool(hf.get("tie_word_embeddings", False))
-    cfg.mamba_num_heads = hf["mamba_num_heads"]
-    cfg.mamba_head_dim = hf["mamba_head_dim"]
-    cfg.ssm_state_size = hf["ssm_state_size"]
-    cfg.n_groups = hf.get("n_groups", hf.get("mamba_n_groups", 8))
-    cfg.conv_kernel = hf.get("conv_kernel", hf.get("mamba_d_conv", 4))
-    cfg.chunk_size = hf.get("chunk_size", hf.get("mamba_chunk_size", 128))
-    cfg.mamba_hidden_act = hf.get("mamba_hidden_act", "silu")
-    cfg.time_step_min = float(hf.get("time_step_min", hf.get("mamba_dt_min", 0.001)))
-    cfg.use_conv_bias = bool(hf.get("use_conv_bias", hf.get("mamba_conv_bias", True)))
-    cfg.mamba_proj_bias = bool(hf.get("use_bias", False))  # what HF's mixer reads
     cfg.mlp_hidden_act = hf.get("mlp_hidden_act", "relu2")
-    cfg.n_routed_experts = hf.get("n_routed_experts", 0) if moe else 0
-    cfg.num_experts_per_tok = hf.get("num_experts_per_tok", 0) if moe else 0
-    cfg.moe_intermediate_size = hf.get("moe_intermediate_size", 0) if moe else 0
-    cfg.moe_shared_expert_intermediate_size = hf.get("moe_shared_expert_intermediate_size", 0)
-    cfg.routed_scaling_factor = float(hf.get("routed_scaling_factor", 1.0))
-    cfg.n_group = hf.get("n_group", 1)
-    cfg.topk_group = hf.get("topk_group", 1)
-    cfg.norm_topk_prob = bool(hf.get("norm_topk_prob", True))
+    cfg.mamba = MambaConfig(
+        num_heads=hf["mamba_num_heads"],
+        head_dim=hf["mamba_head_dim"],
+        state_size=hf["ssm_state_size"],
+        num_groups=hf.get("n_groups", hf.get("mamba_n_groups", 8)),
+        conv_kernel=hf.get("conv_kernel", hf.get("mamba_d_conv", 4)),
+        chunk_size=hf.get("chunk_size", hf.get("mamba_chunk_size", 128)),
+        hidden_act=hf.get("mamba_hidden_act", "silu"),
+        time_step_min=float(hf.get("time_step_min", hf.get("mamba_dt_min", 0.001))),
+        conv_bias=bool(hf.get("use_conv_bias", hf.get("mamba_conv_bias", True))),
+        proj_bias=bool(hf.get("use_bias", False)),  # what HF's mixer reads
+    )
+    cfg.moe = MoEConfig(
+        num_experts=hf.get("n_routed_experts", 0) if moe else 0,
+        num_experts_per_tok=hf.get("num_experts_per_tok", 0) if moe else 0,
+        intermediate_size=hf.get("moe_intermediate_size", 0) if moe else 0,
+        shared_expert_intermediate_size=hf.get("moe_shared_expert_intermediate_size", 0),
+        routed_scaling_factor=float(hf.get("routed_scaling_factor", 1.0)),
+        num_expert_groups=hf.get("n_group", 1),
+        topk_expert_groups=hf.get("topk_group", 1),
+        norm_topk_prob=bool(hf.get("norm_topk_prob", True)),
+    )
     return cfg
 
 
 def _validate(cfg: ModelConfig) -> None:
-    check_dense(cfg)
     pattern = cfg.hybrid_override_pattern
     if not pattern or set(pattern) - set(LAYER_KINDS):
         raise ValueError(
@@ -75,35 +85,37 @@ def _validate(cfg: ModelConfig) -> None:
             f"model.num_hidden_layers={cfg.num_hidden_layers} must equal the length of "
             f"model.hybrid_override_pattern ({len(pattern)})."
         )
-    for key in ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "chunk_size"):
-        if "M" in pattern and getattr(cfg, key) <= 0:
-            raise ValueError(f"model.{key} must be positive for Mamba layers.")
+    mamba, moe = cfg.mamba, cfg.moe
+    for key in ("num_heads", "head_dim", "state_size", "num_groups", "chunk_size"):
+        if "M" in pattern and getattr(mamba, key) <= 0:
+            raise ValueError(f"model.mamba.{key} must be positive for Mamba layers.")
     if "M" in pattern:
-        check_divides(cfg, "n_groups", "mamba_num_heads")
-    if cfg.conv_kernel < 2:
-        raise ValueError(f"model.conv_kernel={cfg.conv_kernel} must be at least 2.")
+        check_divides(cfg, "mamba.num_groups", "mamba.num_heads")
+    if mamba.conv_kernel < 2:
+        raise ValueError(f"model.mamba.conv_kernel={mamba.conv_kernel} must be at least 2.")
     if cfg.qkv_bias or cfg.qk_norm:
         raise ValueError(f"model.qkv_bias and model.qk_norm must be false for {NEMOTRON_H.name}.")
-    if cfg.mamba_hidden_act != "silu" or cfg.mlp_hidden_act != "relu2":
-        raise ValueError("model.mamba_hidden_act must be silu and model.mlp_hidden_act relu2.")
+    if mamba.hidden_act != "silu" or cfg.mlp_hidden_act != "relu2":
+        raise ValueError("model.mamba.hidden_act must be silu and model.mlp_hidden_act relu2.")
     if "E" in pattern:
-        check_top_k(cfg, "n_routed_experts")
-        if cfg.moe_intermediate_size <= 0 or cfg.moe_shared_expert_intermediate_size <= 0:
+        check_top_k(cfg)
+        if moe.intermediate_size <= 0 or moe.shared_expert_intermediate_size <= 0:
             raise ValueError(
-                "model.moe_intermediate_size and model.moe_shared_expert_intermediate_size "
+                "model.moe.intermediate_size and model.moe.shared_expert_intermediate_size "
                 "must be positive for MoE layers."
             )
-        if cfg.n_routed_experts % cfg.n_group or not 0 < cfg.topk_group <= cfg.n_group:
+        groups, topk = moe.num_expert_groups, moe.topk_expert_groups
+        if moe.num_experts % groups or not 0 < topk <= groups:
             raise ValueError(
-                f"model.n_group={cfg.n_group} must divide model.n_routed_experts and "
-                f"model.topk_group={cfg.topk_group} must be between 1 and n_group."
+                f"model.moe.num_expert_groups={groups} must divide model.moe.num_experts and "
+                f"model.moe.topk_expert_groups={topk} must be between 1 and num_expert_groups."
             )
-        reachable = cfg.topk_group * (cfg.n_routed_experts // cfg.n_group)
-        if cfg.num_experts_per_tok > reachable:
+        reachable = topk * (moe.num_experts // groups)
+        if moe.num_experts_per_tok > reachable:
             raise ValueError(
-                f"model.num_experts_per_tok={cfg.num_experts_per_tok} is more than the "
-                f"{reachable} experts of the model.topk_group={cfg.topk_group} groups a token "
-                "may route to."
+                f"model.moe.num_experts_per_tok={moe.num_experts_per_tok} is more than the "
+                f"{reachable} experts of the model.moe.topk_expert_groups={topk} groups a "
+                "token may route to."
             )
 
 
@@ -124,4 +136,5 @@ NEMOTRON_H = Family(
     renames=(("backbone.", ""), ("embeddings.", "embed_tokens."), ("norm_f.", "norm.")),
     cache="hybrid",
     capabilities=frozenset({"moe", "mamba"}),
+    sections=frozenset({"moe", "mamba"}),  # attention without RoPE
 )

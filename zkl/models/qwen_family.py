@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zkl.models.config import ModelConfig, check_no_routed_experts, check_plain_dense, check_top_k
+from zkl.models.config import ModelConfig, MoEConfig, check_top_k
 from zkl.models.family import Family
 from zkl.models.hf_config import (
     check_rope_type,
@@ -29,7 +29,7 @@ def _config_from_hf(hf: dict, base: ModelConfig) -> ModelConfig:
     rope = rope_parameters(hf)
     check_rope_type(rope, ("default",))
     cfg = decoder_fields(hf, base)
-    cfg.rope_theta = rope["rope_theta"]
+    cfg.rope.theta = rope["rope_theta"]
     cfg.rms_norm_eps = float(hf.get("rms_norm_eps", 1e-6))
     if base.family == QWEN2.name:
         cfg.qkv_bias, cfg.qk_norm = True, False  # Qwen2 hard-codes q/k/v bias, none on o_proj
@@ -46,12 +46,14 @@ def _config_from_hf(hf: dict, base: ModelConfig) -> ModelConfig:
         num_experts = hf.get("num_experts", hf.get("num_local_experts"))
         if not num_experts:
             raise ValueError(f"config.json of a {base.family} model has no num_experts.")
-        cfg.num_experts = num_experts
-        cfg.num_experts_per_tok = hf["num_experts_per_tok"]
-        cfg.moe_intermediate_size = hf["moe_intermediate_size"]
-        cfg.norm_topk_prob = bool(hf.get("norm_topk_prob", False))  # HF default: false
-        cfg.decoder_sparse_step = hf.get("decoder_sparse_step", 1)
-        cfg.mlp_only_layers = list(hf.get("mlp_only_layers") or [])
+        cfg.moe = MoEConfig(
+            num_experts=num_experts,
+            num_experts_per_tok=hf["num_experts_per_tok"],
+            intermediate_size=hf["moe_intermediate_size"],
+            norm_topk_prob=bool(hf.get("norm_topk_prob", False)),  # HF default: false
+            decoder_sparse_step=hf.get("decoder_sparse_step", 1),
+            mlp_only_layers=list(hf.get("mlp_only_layers") or []),
+        )
     return cfg
 
 
@@ -68,28 +70,32 @@ def _config_to_hf(cfg: ModelConfig) -> dict:
         "intermediate_size": cfg.intermediate_size,
         "max_position_embeddings": cfg.max_position_embeddings,
         "tie_word_embeddings": cfg.tie_word_embeddings,
-        "rope_theta": cfg.rope_theta,
+        "rope_theta": cfg.rope.theta,
         "rms_norm_eps": cfg.rms_norm_eps,
     }
     if cfg.family == QWEN3_MOE.name:
+        moe = cfg.moe
         hf.update(
-            num_experts=cfg.num_experts,
-            num_experts_per_tok=cfg.num_experts_per_tok,
-            moe_intermediate_size=cfg.moe_intermediate_size,
-            norm_topk_prob=cfg.norm_topk_prob,
-            decoder_sparse_step=cfg.decoder_sparse_step,
-            mlp_only_layers=list(cfg.mlp_only_layers),
+            num_experts=moe.num_experts,
+            num_experts_per_tok=moe.num_experts_per_tok,
+            moe_intermediate_size=moe.intermediate_size,
+            norm_topk_prob=moe.norm_topk_prob,
+            decoder_sparse_step=moe.decoder_sparse_step,
+            mlp_only_layers=list(moe.mlp_only_layers),
         )
     return hf
 
 
 def _validate_moe(cfg: ModelConfig) -> None:
-    check_no_routed_experts(cfg)
-    if cfg.num_experts <= 0:
-        raise ValueError(f"model.num_experts must be positive for model.family={cfg.family!r}.")
-    check_top_k(cfg, "num_experts")
-    if cfg.moe_intermediate_size <= 0:
-        raise ValueError("model.moe_intermediate_size must be positive for a MoE model.")
+    if cfg.moe.num_experts <= 0:
+        raise ValueError(f"model.moe.num_experts must be positive for model.family={cfg.family!r}.")
+    check_top_k(cfg)
+    if cfg.moe.intermediate_size <= 0:
+        raise ValueError("model.moe.intermediate_size must be positive for a MoE model.")
+
+
+def _no_rules(cfg: ModelConfig) -> None:
+    """A dense Qwen has no rules of its own (it reads no model.moe: `Family.sections`)."""
 
 
 _COMMON = dict(
@@ -104,14 +110,14 @@ QWEN2 = Family(
     name="qwen2",
     model_types=("qwen2",),
     architectures=("Qwen2ForCausalLM",),
-    validate=check_plain_dense,
+    validate=_no_rules,
     **_COMMON,
 )
 QWEN3 = Family(
     name="qwen3",
     model_types=("qwen3",),
     architectures=("Qwen3ForCausalLM",),
-    validate=check_plain_dense,
+    validate=_no_rules,
     **_COMMON,
 )
 QWEN3_MOE = Family(
@@ -120,5 +126,6 @@ QWEN3_MOE = Family(
     architectures=("Qwen3MoeForCausalLM",),
     validate=_validate_moe,
     capabilities=frozenset({"moe", "route_replay"}),
+    sections=frozenset({"rope", "moe"}),
     **_COMMON,
 )

@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from dataclasses import fields
+import json
 from typing import Any
 
 import torch
 
-from zkl.models.config import ModelConfig, validate_shapes
+from zkl.models.config import (
+    ModelConfig,
+    check_sections,
+    from_tree,
+    leaves,
+    validate_shapes,
+    value_at,
+)
 from zkl.models.family import Family
 from zkl.models.gpt_oss_family import GPT_OSS
 from zkl.models.llama_family import LLAMA, MISTRAL
@@ -61,6 +68,7 @@ def validate_model(cfg: ModelConfig) -> None:
     """Raise ValueError with one sentence naming the key to change."""
     entry = family(cfg)
     validate_shapes(cfg)
+    check_sections(cfg, entry.sections)
     if cfg.hybrid_override_pattern and "mamba" not in entry.capabilities:
         raise ValueError(
             f"model.hybrid_override_pattern must be empty for model.family={cfg.family!r}."
@@ -96,16 +104,20 @@ def build_on_meta(cfg: ModelConfig) -> torch.nn.Module:
         return family(cfg).model_class(cfg)
 
 
-def _key(cfg: Any) -> tuple:
-    values = (getattr(cfg, f.name) for f in fields(ModelConfig))
-    return tuple(
-        tuple(v) if not isinstance(v, str | int | float | bool | None) else v for v in values
-    )
+def _key(cfg: Any) -> str:
+    """`cfg` (a ModelConfig or its Hydra node) as a hashable nested dict, in JSON."""
+    tree: dict[str, Any] = {}
+    for key, _ in leaves():
+        value = value_at(cfg, key)
+        section, _, leaf = key.rpartition(".")
+        node = tree.setdefault(section, {}) if section else tree
+        node[leaf] = value if isinstance(value, str | int | float | bool | None) else list(value)
+    return json.dumps(tree, sort_keys=True)
 
 
 @functools.lru_cache(maxsize=16)
-def _counts(key: tuple) -> tuple[int, int]:
-    cfg = ModelConfig(*(list(v) if isinstance(v, tuple) else v for v in key))  # `_key`'s lists
+def _counts(key: str) -> tuple[int, int]:
+    cfg = from_tree(json.loads(key))
     model = build_on_meta(cfg)
     total = sum(p.numel() for p in model.parameters())  # a tied lm_head counts once
     largest = max(sum(p.numel() for p in layer.parameters()) for layer in model.layers)

@@ -16,7 +16,7 @@ from zkl.models.causal_lm import CausalLM
 from zkl.models.config import ModelConfig, check_positions
 from zkl.models.fused import init_order
 from zkl.models.moe import SparseMoE, fixed_route, renormalized, router_probs
-from zkl.models.rope import inverse_frequencies
+from zkl.models.rope import frequencies
 from zkl.precision.recipes import RecipeLinear, linear_weight_and_input
 
 
@@ -82,18 +82,12 @@ class RotaryEmbedding(nn.Module):
             self.register_buffer("sin", torch.empty(shape), persistent=False)
             return
         # Built on the CPU whatever the model's device, so every device gets the same tables.
-        inv_freq, scale = self.frequencies(cfg)  # [D/2] float64
+        inv_freq, scale = frequencies(cfg)  # [D/2] float64, by model.rope.type
         positions = torch.arange(shape[0], dtype=torch.float64, device="cpu")
         angles = torch.outer(positions, inv_freq)
         angles = torch.cat([angles, angles], dim=-1)
         self.register_buffer("cos", (angles.cos() * scale).float(), persistent=False)
         self.register_buffer("sin", (angles.sin() * scale).float(), persistent=False)
-
-    @staticmethod
-    def frequencies(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
-        """(inverse frequencies [D/2] float64 on the CPU, the cos/sin scale): by
-        `model.rope_type`, unscaled."""
-        return inverse_frequencies(cfg), 1.0
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x [B, H, T, D], positions [B, T] (megatron's layout; zkl's models call `ops.rotary`)."""
@@ -174,11 +168,12 @@ class Qwen3MoE(SparseMoE):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.top_k = cfg.num_experts_per_tok
-        self.norm_topk_prob = cfg.norm_topk_prob
-        self.gate = Linear(cfg.hidden_size, cfg.num_experts, False, quantizable=False)
+        moe = cfg.moe
+        self.top_k = moe.num_experts_per_tok
+        self.norm_topk_prob = moe.norm_topk_prob
+        self.gate = Linear(cfg.hidden_size, moe.num_experts, False, quantizable=False)
         self.experts = nn.ModuleList(
-            MLP(cfg.hidden_size, cfg.moe_intermediate_size) for _ in range(cfg.num_experts)
+            MLP(cfg.hidden_size, moe.intermediate_size) for _ in range(moe.num_experts)
         )
 
     def choose_experts(self, x: torch.Tensor, fixed: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -215,7 +210,7 @@ class Block(nn.Module):
     def forward(self, x, delta, positions, rope, cache=None, slots=None, routes=None):
         """(residual stream x, the last sub-layer's output `delta` not yet added to it) -> the
         pair one layer on: each add runs fused with the norm after it. `routes`: the
-        forward's route tape, for an MoE layer (`zkl.generation.routes`)."""
+        forward's route tape, for an MoE layer (`zkl.routes`)."""
         x, h = self.input_layernorm.add_forward(x, delta)
         delta = self.self_attn(h, positions, rope, cache, slots)
         x, h = self.post_attention_layernorm.add_forward(x, delta)
@@ -225,11 +220,10 @@ class Block(nn.Module):
 
 
 class Transformer(CausalLM):
-    """The decoder-only stack every attention family shares; a family with its own block or
-    rotary embedding (gpt-oss) names them in `block_class` / `rope_class`."""
+    """The decoder-only stack every attention family shares; a family with its own block
+    (gpt-oss) names it in `block_class`."""
 
     block_class: type[nn.Module] = Block
-    rope_class: type[nn.Module] = RotaryEmbedding
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -240,7 +234,7 @@ class Transformer(CausalLM):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, False, quantizable=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.rope = self.rope_class(cfg)
+        self.rope = RotaryEmbedding(cfg)
 
     def hidden_states(
         self, tokens, positions, cache=None, slots=None, logit_index=None, routes=None

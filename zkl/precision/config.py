@@ -53,16 +53,16 @@ def _check_mx_shapes(model: Any) -> None:
     for key in ("hidden_size", "intermediate_size") if dense else ("hidden_size",):
         if getattr(model, key) % MX_BLOCK:
             raise ConfigError(f"model.{key}{by} must be a multiple of 32 for precision=mxfp8.")
-    if model.is_moe and model.moe_intermediate_size % MX_BLOCK:
-        raise ConfigError(f"model.moe_intermediate_size{by} must be a multiple of 32 for mxfp8.")
+    if model.is_moe and model.moe.intermediate_size % MX_BLOCK:
+        raise ConfigError(f"model.moe.intermediate_size{by} must be a multiple of 32 for mxfp8.")
     # Mamba's out_proj and a shared expert's down_proj (both widths are 0 where absent)
-    if model.mamba_num_heads * model.mamba_head_dim % MX_BLOCK:
+    if model.mamba.num_heads * model.mamba.head_dim % MX_BLOCK:
         raise ConfigError(
-            f"model.mamba_num_heads * model.mamba_head_dim{by} must be a multiple of 32."
+            f"model.mamba.num_heads * model.mamba.head_dim{by} must be a multiple of 32."
         )
-    if model.moe_shared_expert_intermediate_size % MX_BLOCK:
+    if model.moe.shared_expert_intermediate_size % MX_BLOCK:
         raise ConfigError(
-            f"model.moe_shared_expert_intermediate_size{by} must be a multiple of 32."
+            f"model.moe.shared_expert_intermediate_size{by} must be a multiple of 32."
         )
     if model.num_attention_heads * model.head_dim % MX_BLOCK:
         raise ConfigError(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from zkl.engines import NATIVE, engine_named
 from zkl.errors import ConfigError
 from zkl.precision.config import quantizes
 
@@ -91,10 +92,10 @@ def fp16_problem(cfg) -> str | None:
             f"{cfg.precision.linear_quant} (the MXFP8 and FP8 emulations take bf16 or fp32 "
             "input); use +precision=fp16 alone."
         )
-    if cfg.engine.backend != "native":
+    if not engine_named(cfg.engine.name).fp16:
         return (
-            f"precision.compute_dtype=float16 runs on engine.backend=native only, not "
-            f"{cfg.engine.backend!r} (its megatron mapping knows bf16 and fp32)."
+            f"precision.compute_dtype=float16 cannot run on engine.name={cfg.engine.name} (its "
+            f"megatron mapping knows bf16 and fp32); use engine={NATIVE.name}."
         )
     if cfg.trainer.world_size > 1 or cfg.trainer.fsdp:
         return (

@@ -24,7 +24,7 @@ CONTEXT_KEYS = (
     "precision.name",
     "layout.name",
     "kv.mode",
-    "engine.backend",
+    "engine.name",
     "device",
     "task.name",
     "rl.steps",
@@ -55,8 +55,8 @@ def sweep_axes(runs: list[Run]) -> list[str]:
     ]
     out: list[str] = []
     for key in varying:
-        group, _, leaf = key.rpartition(".")
-        if leaf != "name" and f"{group}.name" in varying and _follows(flats, f"{group}.name", key):
+        named = f"{key.split('.')[0]}.name"  # the group's name: `model.moe.x` follows `model.name`
+        if key != named and named in varying and _follows(flats, named, key):
             continue
         if any(all(f.get(key) == f.get(kept) for f in flats) for kept in out):
             continue

@@ -28,7 +28,7 @@ def treatment(run: Run) -> str:
     parts = []
     if f.get("precision.name", "bf16") != "bf16":
         parts.append(str(f["precision.name"]))
-    if f.get("model.num_experts") or f.get("model.n_routed_experts"):
+    if f.get("model.moe.num_experts"):
         parts.append(str(f.get("model.name")))
     mode = "zero" if f.get("zero_train_gen_mismatch", True) else "default"
     if f.get("rl.correction.mode", "none") != "none":

@@ -19,6 +19,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from zkl import invariance
+from zkl.renamed import read_back
 from zkl.run.model_overrides import model_keys, names_model_group
 from zkl.tracking.errors import ERROR_FILE, read_error
 from zkl.tracking.jsonl import NOT_JSON, read_jsonl
@@ -150,7 +151,7 @@ def _config(run_dir: Path) -> tuple[dict[str, Any], str | None]:
                 return {}, f"{path.name} is not a mapping"
             if path.parent.name == ".hydra":
                 _as_resolved(tree, _hydra_overrides(run_dir))
-            return tree, None
+            return read_back(tree), None  # a run of an older zkl: under today's key names
     return {}, None
 
 

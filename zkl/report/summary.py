@@ -29,7 +29,7 @@ AXIS_WORDS = {
     "precision.name": "precision",
     "layout.name": "layout",
     "kv.mode": "KV cache",
-    "engine.backend": "engine",
+    "engine.name": "engine",
     "task.name": "task",
     "rl.correction.mode": "off-policy correction",
     "rl.correction.behavior": "behaviour logprobs",

@@ -1,14 +1,19 @@
-"""The GRPO loop's config (the `rl` keys) and the check of its own keys, a leaf of the schema."""
+"""The GRPO loop's config (the `rl` keys) and the check of its own keys, a leaf of the schema,
+with the table of the corrections `rl.correction.mode` names."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from zkl.engines import engine_named
 from zkl.errors import ConfigError, positive
 
+if TYPE_CHECKING:  # annotations only: this leaf imports no torch
+    from torch import Tensor
+
 MAX_SAMPLES_PER_STEP = 2**20  # rl.prompts_per_step * rl.samples_per_prompt
-CORRECTION_MODES = ("none", "token_tis", "token_mis", "seq_tis", "seq_mis", "geo_mis", "icepop")
 
 
 @dataclass
@@ -17,11 +22,66 @@ class CorrectionConfig:
     the train path's (docs/treatments.md). `cap`: the TIS truncation and the MIS upper bound;
     `low`..`high`: the band of icepop (token ratio) and geo_mis (geometric mean)."""
 
-    mode: str = "none"  # none | token_tis | token_mis | seq_tis | seq_mis | geo_mis | icepop
+    mode: str = "none"  # a name of CORRECTIONS below
     cap: float = 2.0
     low: float = 0.5
     high: float = 5.0
     behavior: str = "raw"  # raw | sampled: the generator's logprob the ratio divides by
+
+
+# Each correction turns the log ratios [T] (float64) of one response into its per-token weights
+# [T]; rho = exp(log ratio). Written with tensor methods only, so this leaf holds the one table
+# of names without importing torch (zkl/rl/correction.py applies it; formulas and sources:
+# docs/treatments.md).
+Weights = Callable[["Tensor", CorrectionConfig], "Tensor"]
+
+
+def _token_tis(log_rho: Tensor, c: CorrectionConfig) -> Tensor:
+    """min(rho_t, cap)."""
+    return log_rho.exp().clamp(max=c.cap)
+
+
+def _token_mis(log_rho: Tensor, c: CorrectionConfig) -> Tensor:
+    """rho_t where rho_t <= cap, else 0."""
+    rho = log_rho.exp()
+    return rho.where(rho <= c.cap, 0.0)
+
+
+def _seq_tis(log_rho: Tensor, c: CorrectionConfig) -> Tensor:
+    """min(prod rho, cap) on every token."""
+    return log_rho.sum().exp().expand_as(log_rho).clamp(max=c.cap)
+
+
+def _seq_mis(log_rho: Tensor, c: CorrectionConfig) -> Tensor:
+    """prod rho on every token where it is <= cap, else 0."""
+    rho = log_rho.sum().exp().expand_as(log_rho)
+    return rho.where(rho <= c.cap, 0.0)
+
+
+def _geo_mis(log_rho: Tensor, c: CorrectionConfig) -> Tensor:
+    """1 on every token where the geometric mean exp(mean log rho) is in [low, high], else 0
+    (rejection only)."""
+    geo = log_rho.mean().exp() if log_rho.numel() else log_rho.new_ones(())
+    keep = bool(c.low <= geo <= c.high)
+    return log_rho.new_full(log_rho.shape, 1.0 if keep else 0.0)
+
+
+def _icepop(log_rho: Tensor, c: CorrectionConfig) -> Tensor:
+    """rho_t where low <= rho_t <= high, else 0."""
+    rho = log_rho.exp()
+    return rho.where((rho >= c.low) & (rho <= c.high), 0.0)
+
+
+# `rl.correction.mode` -> its weights; none leaves the loss as it is.
+CORRECTIONS: dict[str, Weights | None] = {
+    "none": None,
+    "token_tis": _token_tis,
+    "token_mis": _token_mis,
+    "seq_tis": _seq_tis,
+    "seq_mis": _seq_mis,
+    "geo_mis": _geo_mis,
+    "icepop": _icepop,
+}
 
 
 @dataclass
@@ -95,10 +155,8 @@ def check(rl: RLConfig) -> None:
 
 def check_correction(c: CorrectionConfig) -> None:
     """One sentence naming the rl.correction.* key whose value no correction can use."""
-    if c.mode not in CORRECTION_MODES:
-        raise ConfigError(
-            f"rl.correction.mode={c.mode!r} is not one of {', '.join(CORRECTION_MODES)}."
-        )
+    if c.mode not in CORRECTIONS:
+        raise ConfigError(f"rl.correction.mode={c.mode!r} is not one of {', '.join(CORRECTIONS)}.")
     if c.behavior not in ("raw", "sampled"):
         raise ConfigError(f"rl.correction.behavior={c.behavior!r} must be raw or sampled.")
     if not c.cap > 0:
@@ -112,9 +170,10 @@ def check_correction(c: CorrectionConfig) -> None:
 
 def check_treatments(cfg: Any, replays: bool) -> None:
     """The treatments' checks that span parts (the whole config, duck-typed: a leaf): routing
-    replay needs a native model whose family replays routes (`replays`, the registry's
-    `route_replay` capability: Qwen3-MoE), as a dedicated or colocated generator records its
-    routes only there."""
+    replay needs a family whose MoE layers replay routes (`replays`, the family registry's
+    `route_replay` capability: Qwen3-MoE) on an engine whose MoE layers take the route tape
+    (the engine registry's `route_replay`: native), as a dedicated or colocated generator
+    records its routes only there."""
     if not cfg.rl.records_routes:
         return
     if not cfg.model.is_moe:
@@ -123,10 +182,10 @@ def check_treatments(cfg: Any, replays: bool) -> None:
             f"but model.name={cfg.model.name!r} is dense; choose model=tiny_moe or set "
             "rl.routing_replay=false."
         )
-    if not replays or cfg.engine.backend != "native":
+    if not replays or not engine_named(cfg.engine.name).route_replay:
         raise ConfigError(
             "rl.routing_replay=true supports the native qwen3_moe family only (model.family="
-            f"{cfg.model.family!r}, engine.backend={cfg.engine.backend!r}); set "
+            f"{cfg.model.family!r}, engine.name={cfg.engine.name!r}); set "
             "rl.routing_replay=false."
         )
     if cfg.trainer.world_size > 1:

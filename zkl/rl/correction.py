@@ -13,39 +13,19 @@ from __future__ import annotations
 
 import torch
 
+from zkl.rl.config import CORRECTIONS
+
 PREFIX = "rollout_corr/"
 
 
 def sequence_weights(lp_old: torch.Tensor, lp_beh: torch.Tensor, cfg) -> torch.Tensor:
-    """One response's per-token weights [T] (fp32) under `cfg` (`rl.correction`).
-
-    token_tis: min(rho_t, cap). seq_tis: min(prod rho, cap) on every token. token_mis:
-    rho_t where rho_t <= cap, else 0. seq_mis: prod rho where it is <= cap, else 0.
-    icepop: rho_t where low <= rho_t <= high, else 0. geo_mis: 1 where the geometric mean
-    exp(mean log rho) is in [low, high], else 0 (rejection only).
-    """
+    """One response's per-token weights [T] (fp32) under `cfg` (`rl.correction`): its mode's
+    rule in `zkl.rl.config.CORRECTIONS`, of the log ratios in float64."""
+    weights = CORRECTIONS[cfg.mode]
+    if weights is None:
+        raise ValueError(f"rl.correction.mode={cfg.mode!r} has no weights")
     log_rho = lp_old.double() - lp_beh.double()  # [T]
-    mode = cfg.mode
-    if mode in ("token_tis", "token_mis", "icepop"):
-        rho = torch.exp(log_rho)
-        if mode == "token_tis":
-            weight = rho.clamp(max=cfg.cap)
-        elif mode == "token_mis":
-            weight = torch.where(rho <= cfg.cap, rho, 0.0)
-        else:
-            weight = torch.where((rho >= cfg.low) & (rho <= cfg.high), rho, 0.0)
-    elif mode in ("seq_tis", "seq_mis"):
-        rho = torch.exp(log_rho.sum()).expand_as(log_rho)
-        weight = (
-            rho.clamp(max=cfg.cap) if mode == "seq_tis" else torch.where(rho <= cfg.cap, rho, 0.0)
-        )
-    elif mode == "geo_mis":
-        geo = torch.exp(log_rho.mean()) if log_rho.numel() else torch.ones((), dtype=torch.float64)
-        keep = bool(cfg.low <= geo <= cfg.high)
-        weight = torch.full_like(log_rho, 1.0 if keep else 0.0)
-    else:
-        raise ValueError(f"rl.correction.mode={mode!r} has no weights")
-    return weight.float()
+    return weights(log_rho, cfg).float()
 
 
 BEHAVIOR_FIELDS = {"raw": "logprobs", "sampled": "lp_sampled"}  # rl.correction.behavior
@@ -62,7 +42,9 @@ def correction_weights(
 ) -> list[torch.Tensor] | None:
     """Every response's weights [T_i], or None for `mode=none` (the loss is left as it is)."""
     pairs = zip(lp_old, lp_beh, strict=True)
-    return None if cfg.mode == "none" else [sequence_weights(o, b, cfg) for o, b in pairs]
+    if CORRECTIONS[cfg.mode] is None:
+        return None
+    return [sequence_weights(o, b, cfg) for o, b in pairs]
 
 
 def diagnostics(

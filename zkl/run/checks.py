@@ -15,8 +15,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from zkl.console import say
 from zkl.data.config import check as check_task
 from zkl.data.dataset import check_inputs as check_dataset_inputs
+from zkl.engines import check as check_engine
 from zkl.errors import ConfigError
 from zkl.generation.config import check as check_generation
 from zkl.layouts.config import check as check_layout
@@ -25,7 +27,7 @@ from zkl.models.hf_weight_files import check_weight_files
 from zkl.precision.config import check as check_precision
 from zkl.rl.config import check as check_rl
 from zkl.run.keys import reject_unknown_keys
-from zkl.run.overrides import normalize, preflight
+from zkl.run.overrides import normalize, preflight, renames
 from zkl.run.register import compose_dict
 from zkl.run.schema import ZklConfig
 from zkl.run.values import check_values
@@ -49,7 +51,8 @@ def check_parts(cfg: Any, model: bool = True) -> None:
             raise ConfigError(str(err)) from None
         check_precision(cfg.precision, cfg.model)
     check_layout(cfg.layout)
-    check_generation(cfg.engine, cfg.kv, cfg.sampling)
+    check_engine(cfg.engine)
+    check_generation(cfg.scheduler, cfg.kv, cfg.sampling)
     check_rl(cfg.rl)
     check_task(cfg.task)
     if cfg.rl.val_every and cfg.task.name == "dataset" and not cfg.task.val_path:
@@ -90,9 +93,11 @@ def check_composed(dcfg: DictConfig) -> Any:
 def check_overrides(overrides: list[str], schema: type = ZklConfig) -> DictConfig:
     """`check_composed` for an entry point that composes without `@hydra.main` (the warm
     start): the overrides checked (`zkl.run.overrides.preflight`), composed and checked; the
-    composed config, for the run."""
+    composed config, for the run. An old key runs as its new one, with a line saying so."""
     normalized = normalize(overrides)
     preflight(normalized, schema=schema)
+    for sentence in renames(overrides):
+        say(f"zkl: {sentence}")
     dcfg = compose_dict(normalized, schema)
     check_composed(dcfg)
     return dcfg

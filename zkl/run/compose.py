@@ -8,7 +8,8 @@
 from __future__ import annotations
 
 import os
-from dataclasses import fields, replace
+from dataclasses import fields, is_dataclass, replace
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -70,10 +71,19 @@ def with_group_option(cfg: ZklConfig, group: str, option: str) -> ZklConfig:
         stock = getattr(load_group_option(cfg, group, getattr(user, OPTION_KEY[group])), group)
     except ConfigError:  # a group built by hand on the command line: edits of the schema
         stock = type(user)()
-    edits = {
-        f.name: getattr(user, f.name)
-        for f in fields(user)
-        if f.name != OPTION_KEY[group] and getattr(user, f.name) != getattr(stock, f.name)
-    }
     bed = load_group_option(cfg, group, option)
-    return replace(bed, **{group: replace(getattr(bed, group), **edits)})
+    edited = _with_edits(getattr(bed, group), user, stock, skip=OPTION_KEY[group])
+    return replace(bed, **{group: edited})
+
+
+def _with_edits(target: Any, user: Any, stock: Any, skip: str = "") -> Any:
+    """`target` with every field where `user` differs from `stock`; a section (a nested
+    dataclass, `model.moe`) field by field, so an edit carries only itself."""
+    edits = {}
+    for f in fields(user):
+        mine, theirs = getattr(user, f.name), getattr(stock, f.name)
+        if f.name == skip or mine == theirs:
+            continue
+        nested = is_dataclass(mine) and type(mine) is type(theirs)
+        edits[f.name] = _with_edits(getattr(target, f.name), mine, theirs) if nested else mine
+    return replace(target, **edits)

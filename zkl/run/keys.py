@@ -2,8 +2,9 @@
 
 `+rl.stepz=2` passes Hydra (a `+` forces the key in) and `OmegaConf.to_object` then drops
 it, so the run would ignore the setting. The composed config is compared with the schema
-dataclasses before conversion, and the nearest valid key is suggested; a key that has a
-new name is refused with a sentence naming it (`RENAMED`).
+dataclasses before conversion, and the nearest valid key is suggested; an old name
+(`zkl.renamed`) that reaches here (a YAML file of your own: overrides are renamed before
+Hydra composes) is refused with a sentence naming the new one.
 """
 
 from __future__ import annotations
@@ -14,11 +15,7 @@ import difflib
 from omegaconf import DictConfig, OmegaConf
 
 from zkl.errors import ConfigError
-
-# Keys that name another key now: old -> (new, what the new one picks).
-RENAMED = {
-    "engine.name": ("engine.backend", "the model implementation: native or a megatron engine"),
-}
+from zkl.renamed import RENAMED
 
 
 def schema_keys(schema: type, prefix: str = "") -> list[str]:
@@ -52,8 +49,7 @@ def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
 def suggestion(key: str, schema: type) -> str:
     """A hint naming the valid key nearest to `key`: a sibling first, then any leaf key."""
     if key in RENAMED:
-        new, what = RENAMED[key]
-        return f"use {new} ({what})."
+        return f"it is now {RENAMED[key]}."
     valid = schema_keys(schema)
     parent, _, leaf = key.rpartition(".")
     siblings = [k.rpartition(".")[2] for k in valid if k.rpartition(".")[0] == parent]

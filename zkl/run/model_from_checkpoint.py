@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from zkl.data.config import tokenizer_source
 from zkl.errors import ConfigError
-from zkl.models.config import ModelConfig
+from zkl.models.config import ModelConfig, leaves, value_at
 from zkl.models.hf_weights_check import hf_model_config
 from zkl.run.model_overrides import model_keys, names_model_group
 
@@ -45,11 +45,7 @@ def explicit_model_keys(model: ModelConfig, overrides: list[str], conf_dir: str)
     keys = model_keys(overrides)
     stock = _stock(model.name, conf_dir)
     if stock is not None:
-        keys |= {
-            f.name
-            for f in dataclasses.fields(ModelConfig)
-            if getattr(model, f.name) != getattr(stock, f.name)
-        }
+        keys |= {k for k, _ in leaves() if value_at(model, k) != value_at(stock, k)}
     return keys - {"checkpoint"}
 
 
@@ -67,7 +63,7 @@ def model_from_checkpoint(model: ModelConfig, explicit: set[str]) -> ModelConfig
     key = f"model.checkpoint={model.checkpoint}"
     theirs = hf_model_config(model)
     for name in sorted(explicit - set(FREE_KEYS)):
-        mine, ckpt = getattr(model, name), getattr(theirs, name)
+        mine, ckpt = value_at(model, name), value_at(theirs, name)
         if name == "max_position_embeddings" and mine <= ckpt:
             continue
         if mine != ckpt:

@@ -1,11 +1,12 @@
 """What the command line says of the model: a group (`model=NAME`) or single keys
-(`model.KEY=VALUE`). Torch-free, so the run and the report read overrides by one rule."""
+(`model.KEY=VALUE`, a section's `model.moe.KEY=VALUE`). Torch-free, so the run and the report
+read overrides by one rule."""
 
 from __future__ import annotations
 
 import re
 
-_MODEL_KEY = re.compile(r"^[+~]*model\.([A-Za-z_][A-Za-z0-9_]*)=")
+_MODEL_KEY = re.compile(r"^[+~]*model\.([A-Za-z_][A-Za-z0-9_.]*)=")
 _MODEL_GROUP = re.compile(r"^[+~]*model=")
 
 
@@ -15,5 +16,5 @@ def names_model_group(overrides: list[str]) -> bool:
 
 
 def model_keys(overrides: list[str]) -> set[str]:
-    """The `model.*` keys the overrides set."""
+    """The `model.*` keys the overrides set (a section's dotted: `moe.num_experts`)."""
     return {m.group(1) for o in overrides if (m := _MODEL_KEY.match(o))}

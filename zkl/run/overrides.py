@@ -8,7 +8,8 @@ sentence naming the override and the nearest valid key, option or spelling.
 
 `normalize` lets every group of the primary defaults list be set with or without `+`
 (`precision=mxfp8` and `+precision=mxfp8` alike): Hydra rejects `+group=option` for a group
-that is already in the defaults list.
+that is already in the defaults list. It also reads a key by its old name as the new one
+(`zkl.renamed`); `renames` says so, one sentence per old key.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from hydra.core.override_parser.types import Override
 from omegaconf import OmegaConf, ValidationError
 
 from zkl.errors import ConfigError
-from zkl.run.keys import RENAMED, suggestion
+from zkl.renamed import hint, new_name
+from zkl.run.keys import suggestion
 from zkl.run.schema import CONF_DIR, ZklConfig
 
 
@@ -38,16 +40,52 @@ def _is_group_append(line: str, groups: set[str]) -> bool:
     return eq == "=" and key.startswith("+") and not key.startswith("++") and key[1:] in groups
 
 
+def _split(line: str) -> tuple[str, str, str]:
+    """An override's prefix (`+`, `++`, `~` or none), key and the rest (`=value`, or none)."""
+    prefix = line[: len(line) - len(line.lstrip("+~"))]
+    key, eq, value = line[len(prefix) :].partition("=")
+    return prefix, key, eq + value
+
+
+def renamed(line: str) -> str:
+    """An override with an old key (`zkl.renamed`) as the same override of the new key; a `+`
+    that forced the old key in goes (the new key is in the schema)."""
+    if line.startswith("-"):  # a command-line flag, not an override
+        return line
+    prefix, key, rest = _split(line)
+    new = new_name(key)
+    if new is None:
+        return line
+    return ("" if prefix == "+" else prefix) + new + rest
+
+
+def renames(overrides: list[str]) -> list[str]:
+    """One sentence for each override that names a key by its old name."""
+    return [
+        f"{hint(_split(line)[1])}: {line} runs as {renamed(line)}."
+        for line in overrides
+        if renamed(line) != line
+    ]
+
+
 def normalize(overrides: list[str]) -> list[str]:
-    """`+precision=x` -> `precision=x` for every group already in the defaults list."""
+    """Old keys as their new ones (`renamed`), then `+precision=x` -> `precision=x` for every
+    group already in the defaults list."""
     groups = default_groups()
-    return [o[1:] if _is_group_append(o, groups) else o for o in overrides]
+    new = [renamed(o) for o in overrides]
+    return [o[1:] if _is_group_append(o, groups) else o for o in new]
 
 
-def normalize_sweep_params(params: dict) -> dict:
-    """The same for a sweep file's `hydra.sweeper.params` (`+precision: bf16,mxfp8`)."""
-    groups = default_groups()
-    return {(k[1:] if _is_group_append(f"{k}=", groups) else k): v for k, v in params.items()}
+def normalize_sweep_params(params: dict) -> tuple[dict, list[str]]:
+    """The same for a sweep file's `hydra.sweeper.params` (`+precision: bf16,mxfp8`), and one
+    sentence for each key it names by its old name."""
+    keys = [line.removesuffix("=") for line in normalize([f"{k}=" for k in params])]
+    said = [
+        f"{hint(_split(k)[1])}: the sweep's {k} runs as {new}."
+        for k, new in zip(params, keys, strict=True)
+        if renamed(k) != k
+    ]
+    return dict(zip(keys, params.values(), strict=True)), said
 
 
 def group_options(group: str, config_dirs: list[Path]) -> list[str]:
@@ -158,8 +196,6 @@ def preflight(
         key = o.key_or_group
         if key.startswith("hydra") or o.is_delete() or o.package is not None:
             continue
-        if key in RENAMED:  # with or without `+`: the old name would be ignored or refused
-            raise ConfigError(f"{key} is not a config key; {suggestion(key, schema)}")
         options = group_options(key, dirs)
         if options:
             if key in groups_seen:

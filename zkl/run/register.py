@@ -12,8 +12,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from zkl.distributed.config import node_gpus, tasks_per_node
-from zkl.layouts.config import layout_gpus
+from zkl.distributed.config import tasks_per_node
+from zkl.placement import layout_gpus, node_gpus
 from zkl.run.schema import CONF_DIR, ZklConfig
 
 SCHEMA_NAME = "zkl_schema"  # conf/config.yaml's first default

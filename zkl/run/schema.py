@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from zkl.data.config import TaskConfig
 from zkl.distributed.config import TrainerConfig
-from zkl.generation.config import EngineConfig, KVConfig, SamplingConfig
+from zkl.engines import EngineConfig
+from zkl.generation.config import KVConfig, SamplingConfig, SchedulerConfig
 from zkl.invariance import FixesConfig
 from zkl.layouts.config import LayoutConfig
 from zkl.models.config import ModelConfig
@@ -32,6 +33,7 @@ class ZklConfig:
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     layout: LayoutConfig = field(default_factory=LayoutConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     kv: KVConfig = field(default_factory=KVConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     task: TaskConfig = field(default_factory=TaskConfig)

@@ -2,7 +2,7 @@
 
 Each part checks its own keys (its `check` beside its config dataclass); `zkl.run.checks`
 runs them in turn (without torch, so an entry point runs them first), then this module runs
-the checks that span parts: the device with the layout, the scheduler backend with the machine,
+the checks that span parts: the device with the layout, the engine with the machine,
 CUDA graphs with the model, vocabulary and positions with the task, the weights with
 `model.checkpoint`, and the memory the whole run needs. An entry point calls `check_run`
 (or `validate_run` for a task it built) before it starts the loop (zkl/rl/loop.py), which
@@ -17,11 +17,10 @@ from zkl import environment
 from zkl.data.tasks import build_task
 from zkl.device import check_device, generator_device, on_cuda, resolve_device
 from zkl.distributed.checks import check_trainer
+from zkl.engines import engine_problem
 from zkl.errors import ConfigError, from_checkpoint
 from zkl.generation import config as generation_config
 from zkl.generation.graphs import graph_unsupported_reason
-from zkl.megatron.check import engine_problem
-from zkl.megatron.mapping import ENGINES
 from zkl.memory import check_memory
 from zkl.models.config import check_positions, model_named
 from zkl.models.hf_weights_check import check_hf_weights
@@ -44,7 +43,7 @@ def validate(
     except ValueError as err:
         raise ConfigError(str(err)) from None
     _check_device(cfg)
-    _check_backend(cfg)
+    _check_engine(cfg)
     _check_graphs(cfg)
     check_treatments(cfg, replays="route_replay" in family(cfg.model).capabilities)
     check_fp16(cfg)  # the fp16 recipe with the rest of the config
@@ -88,44 +87,43 @@ def _check_device(cfg: ZklConfig) -> None:
     problem = check_device(cfg.device)
     if problem:
         raise ConfigError(problem)
-    generator_device(cfg)  # raises the sentence for a backend / GPU combination that cannot run
-    if cfg.layout.backend == "cuda_ipc" and not on_cuda(cfg):
-        raise ConfigError("layout.backend=cuda_ipc needs device=cuda; use gloo on the CPU.")
-    if cfg.layout.backend == "gloo" and on_cuda(cfg) and cfg.layout.name == "dedicated":
+    generator_device(cfg)  # raises the sentence for a transport / GPU pair that cannot run
+    if cfg.layout.transport == "cuda_ipc" and not on_cuda(cfg):
+        raise ConfigError("layout.transport=cuda_ipc needs device=cuda; use gloo on the CPU.")
+    if cfg.layout.transport == "gloo" and on_cuda(cfg) and cfg.layout.name == "dedicated":
         raise ConfigError(
-            "layout.backend=gloo would copy CUDA weights through the host; use "
-            "layout.backend=cuda_ipc (or auto) with device=cuda."
+            "layout.transport=gloo would copy CUDA weights through the host; use "
+            "layout.transport=cuda_ipc (or auto) with device=cuda."
         )
 
 
-def _check_backend(cfg: ZklConfig) -> None:
-    """`engine.backend` names a model implementation this machine, layout and model can run."""
-    backend = cfg.engine.backend
-    if backend not in ("native", *ENGINES):
-        raise ConfigError(
-            f"engine.backend={backend!r} is not an engine; use one of {['native', *ENGINES]}."
-        )
+def _check_engine(cfg: ZklConfig) -> None:
+    """`engine.name` names an engine this machine, layout, model and precision can run."""
     problem = engine_problem(
-        backend, cfg.layout.name, on_cuda(cfg), cfg.model.family, cfg.precision.linear_quant
+        cfg.engine.name,
+        cfg.layout.name,
+        on_cuda(cfg),
+        family(cfg.model),
+        cfg.precision.linear_quant,
     )
     if problem:
         raise ConfigError(problem)
 
 
 def _check_graphs(cfg: ZklConfig) -> None:
-    """`engine.cuda_graphs=on` where the model's decode cannot be captured: refused now, by
+    """`scheduler.cuda_graphs=on` where the model's decode cannot be captured: refused now, by
     the rule the scheduler decides with (zkl.generation.graphs), not by its constructor later."""
-    if generation_config.graph_setting(cfg.engine.cuda_graphs) != "on":
+    if generation_config.graph_setting(cfg.scheduler.cuda_graphs) != "on":
         return
     if not on_cuda(cfg):
-        raise ConfigError("engine.cuda_graphs=on needs device=cuda; use auto or off on the CPU.")
+        raise ConfigError("scheduler.cuda_graphs=on needs device=cuda; use auto or off on the CPU.")
     reason = graph_unsupported_reason(
-        cfg.model, resolve_device(cfg.device), quantizes(cfg.precision), cfg.engine.backend
+        cfg.model, resolve_device(cfg.device), quantizes(cfg.precision), cfg.engine.name
     )
     if reason:
         raise ConfigError(
-            f"engine.cuda_graphs=on cannot work with {model_named(cfg.model)}: {reason}; use "
-            "engine.cuda_graphs=auto or off."
+            f"scheduler.cuda_graphs=on cannot work with {model_named(cfg.model)}: {reason}; use "
+            "scheduler.cuda_graphs=auto or off."
         )
 
 

@@ -14,6 +14,7 @@ parts, this one among them): the whole of it is compared with the saved one.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from dataclasses import dataclass
@@ -26,7 +27,6 @@ from zkl import environment, invariance
 from zkl.console import say
 from zkl.errors import ConfigError, ForeignRunDir
 from zkl.memory import param_count
-from zkl.precision.config import quantizes
 from zkl.state import checkpoint_file
 from zkl.state.config import CHECKPOINT_FILE
 from zkl.state.resume_logs import trim_logs
@@ -47,19 +47,20 @@ def _check_same_config(cfg: Any, saved: dict[str, Any]) -> None:
         )
 
 
-def _check_engine_state_free(cfg: Any) -> None:
-    """Refuse a resume that could not be bitwise: the scheduler's stale state is not saved."""
+def _check_scheduler_state_free(cfg: Any) -> None:
+    """Refuse a resume that could not be bitwise: the state a fix that is off leaves in the
+    scheduler across refits (its entry's `stale`) is not saved."""
     fixes = invariance.from_config(cfg)
-    if cfg.kv.mode == "persist" and "kv_invalidate_on_refit" not in fixes:
-        raise ConfigError(
-            "a kv=persist run without fix kv_invalidate_on_refit cannot resume bitwise "
-            "(its stale prefix cache is not checkpointed); rerun it from step 0."
-        )
-    if quantizes(cfg.precision) and "quantized_weight_refresh" not in fixes:
-        raise ConfigError(
-            "a quantized run without fix quantized_weight_refresh cannot resume bitwise "
-            "(its stale quantized weights are not checkpointed); rerun it from step 0."
-        )
+    for fix in invariance.FIXES.values():
+        stale = fix.stale
+        if stale is None or fix.name in fixes:
+            continue
+        value = functools.reduce(getattr, stale.key.split("."), cfg)
+        if value != stale.free:
+            raise ConfigError(
+                f"a {stale.key}={value} run without fix {fix.name} cannot resume bitwise "
+                f"(its {stale.what} is not checkpointed); rerun it from step 0."
+            )
 
 
 def requeued_by_slurm() -> bool:
@@ -105,7 +106,7 @@ def prepare(cfg: Any, run_dir: str | Path) -> Resume:
         trim_logs(run_dir, 0)
         return Resume()
     _check_same_config(cfg, state["config"])
-    _check_engine_state_free(cfg)
+    _check_scheduler_state_free(cfg)
     step = state["step"]
     trim_logs(run_dir, step)
     say(f"zkl: resuming {run_dir} from step {step}")

@@ -49,7 +49,7 @@ def axes(cfg) -> dict[str, str]:
     ax = {
         "model": cfg.model.name,
         "layout": cfg.layout.name,
-        "engine": cfg.engine.backend,
+        "engine": cfg.engine.name,
         "precision": cfg.precision.name,
         "kv": cfg.kv.mode,
         "mode": "zero" if cfg.zero_train_gen_mismatch else "default",

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from zkl.generation.routes import RouteTape, replay_batch
+from zkl.routes import RouteTape, replay_batch
 
 
 def pad_sequences(

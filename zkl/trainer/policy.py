@@ -16,13 +16,13 @@ from collections.abc import Mapping
 import torch
 import torch.distributed as dist
 
-from zkl.backends import build_backend_model
 from zkl.device import resolve_device
 from zkl.distributed import ranks
-from zkl.generation.routes import mismatch_metrics
+from zkl.engine_model import build_engine_model
 from zkl.models.hf_weights_check import warn_random_weights
 from zkl.precision.fp16 import DynamicLossScaler
 from zkl.precision.recipes import DTYPES
+from zkl.routes import routing_metrics
 from zkl.trainer.batch import UpdateBatch, micro_batch_edges, minibatch, minibatch_edges
 from zkl.trainer.scoring import score, sequence_logprobs
 from zkl.trainer.update import LossFn, update_stats
@@ -50,13 +50,13 @@ class Policy(abc.ABC):
         self.compute_dtype = DTYPES[cfg.precision.compute_dtype]
         self.device = resolve_device(cfg.device)
         warn_random_weights(cfg.model)
-        self.model = build_backend_model(
+        self.model = build_engine_model(
             cfg.model,
             self.compute_dtype,
             cfg.precision.linear_quant,
             cfg.seed,
             self.device,
-            cfg.engine.backend,
+            cfg.engine.name,
         )
         self.model.checkpoint_layers = cfg.trainer.activation_checkpointing
         fp16 = cfg.precision.compute_dtype == "float16"  # its update scales the loss
@@ -133,7 +133,7 @@ class Policy(abc.ABC):
             replay=replay,
             route_counts=counts,
         )
-        routing = {} if routes is None else mismatch_metrics(world.sum(counts.tolist()))
+        routing = {} if routes is None else routing_metrics(world.sum(counts.tolist()))
         return world.gather(mine), routing
 
     def update(self, batch: UpdateBatch) -> dict[str, float]:

@@ -6,9 +6,9 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from zkl import ops
-from zkl.generation.routes import RouteTape
 from zkl.memory import LOGIT_TOKENS
 from zkl.models.causal_lm import CausalLM
+from zkl.routes import RouteTape
 from zkl.trainer.batch import pad_sequences, replay_tape
 
 
@@ -68,7 +68,7 @@ def score(
     `micro_batch_size` > 0 splits the forward into groups of that many sequences. `device`
     is where the forward computes (default: the parameters'; FSDP's host offload keeps the
     parameters on the CPU and computes on the GPU). `routes`: each sequence's generator
-    routes [len, L, k] (`zkl.generation.routes`), which the MoE layers replay, or with
+    routes [len, L, k] (`zkl.routes`), which the MoE layers replay, or with
     `replay=False` only compare their own choices with; `route_counts` (float64 [4]) adds
     up how many differed (`RouteTape.counts`), so no forward of its own is needed for that.
     """

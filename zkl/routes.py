@@ -1,15 +1,15 @@
-"""Routing replay (R3, arXiv 2510.11370): the experts each MoE layer chose, recorded on the gen
-path and replayed on the train path.
+"""Routing replay (R3, arXiv 2510.11370): the route tape, which the generator's forwards
+record and the trainer's replay; both sides import it from here.
 
 A `RouteTape` is handed to one forward (the model's `routes` argument, down to each MoE
 layer): each MoE layer, in call order, hands it its own top-k expert ids. Recording, the tape
-keeps them and the generator stores them per (slot, position) in its cache (`store`), so a
-completion carries a compact int8/int16 [len(prompt) + len(response), layers, k] tensor, -1
-where no route was computed (a prefix-cache hit, the last token). Replaying, the tape gives
-each layer the generator's ids for its tokens and counts how many of the trainer's own choices
-differed; the layer then weights the replayed experts by its own router's probabilities. A
-forward without a tape neither records nor replays. This module sits below the models (they
-import it), as the KV cache does.
+keeps them and the generator stores them per (slot, position) in its cache
+(`zkl.generation.route_cache`), so a completion carries a compact int8/int16
+[len(prompt) + len(response), layers, k] tensor, -1 where no route was computed (a
+prefix-cache hit, the last token). Replaying, the tape gives each layer the generator's ids
+for its tokens (`replay_batch` lays a batch's out) and counts how many of the trainer's own
+choices differed; the layer then weights the replayed experts by its own router's
+probabilities. A forward without a tape neither records nor replays.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class RouteTape:
         return torch.tensor(values, dtype=torch.float64)
 
 
-def mismatch_metrics(counts: torch.Tensor | list[float]) -> dict[str, float]:
+def routing_metrics(counts: torch.Tensor | list[float]) -> dict[str, float]:
     """The `routing/*` shares from summed `RouteTape.counts`."""
     decisions, differing, known, differ = (float(c) for c in counts)
     return {
@@ -63,36 +63,9 @@ def mismatch_metrics(counts: torch.Tensor | list[float]) -> dict[str, float]:
     }
 
 
-def recording(routes: torch.Tensor | None) -> RouteTape | None:
-    """A tape for a gen-path forward: one that records where the cache keeps `routes`."""
-    return None if routes is None else RouteTape()
-
-
 def route_dtype(num_experts: int) -> torch.dtype:
     """The smallest signed integer holding every expert id and -1."""
     return torch.int8 if num_experts <= 127 else torch.int16
-
-
-def store(
-    routes: torch.Tensor | None,
-    tape: RouteTape | None,
-    slots: torch.Tensor,
-    positions: torch.Tensor,
-    live: torch.Tensor | None = None,
-) -> None:
-    """The ids `tape` recorded in one forward ([L] x [B*T, k]) into `routes`
-    [slots, max_len, L, k] at rows `slots` [B], `positions` [B, T]; rows where `live` [B] is
-    False keep theirs. Device ops only (the decode step stays capturable)."""
-    if routes is None or tape is None:
-        return
-    taken, tape.recorded = tape.recorded, []
-    batch, width = positions.shape
-    ids = torch.stack(taken, dim=1).view(batch, width, len(taken), -1).to(routes.dtype)
-    rows = slots.unsqueeze(1).expand(batch, width)
-    if live is not None:
-        keep = live.view(batch, 1, 1, 1)
-        ids = torch.where(keep, ids, routes[rows, positions])
-    routes[rows, positions] = ids
 
 
 def replay_batch(routes: list[torch.Tensor], width: int) -> torch.Tensor:

@@ -11,9 +11,9 @@ from __future__ import annotations
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.plugins import Plugins
-from hydra_plugins import zkl_launchers
 from omegaconf import DictConfig, OmegaConf
 
+from hydra_plugins import zkl_launchers
 from zkl.distributed.config import node_gpus, tasks_per_node
 from zkl.layouts.config import layout_gpus
 from zkl.run.schema import CONF_DIR, ZklConfig

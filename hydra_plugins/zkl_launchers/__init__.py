@@ -35,6 +35,16 @@ class _Tee(io.TextIOBase):
     def flush(self) -> None:
         self.stream.flush()
 
+    def fileno(self) -> int:  # what reads the descriptor (W&B's console capture) gets the job's
+        return self.stream.fileno()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    @property
+    def encoding(self) -> str:
+        return self.stream.encoding
+
 
 class _EchoJobs:
     """A submitit launcher whose jobs' stdout is printed by the sweep's own process."""

@@ -9,8 +9,8 @@ be resumed; inside a run's steps Ctrl-C (as SIGTERM) first finishes the step and
 second one stops at once (zkl/state/checkpoint.py). The Hydra callback `RunDirCheck`
 (conf/config.yaml) tests the run directory before Hydra writes into it, so an unwritable one
 is a sentence, not Hydra's traceback (so is a Slurm launcher without Slurm: zkl/launchers.py),
-and points `resume=true` without a folder of its own at
-the latest run of the same config (zkl/state/latest_run.py).
+and points `resume=true` without a folder of its own at the latest run of the same config
+(zkl/state/latest_run.py).
 """
 
 from __future__ import annotations

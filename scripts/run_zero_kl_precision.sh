@@ -6,7 +6,7 @@
 #   scripts/run_zero_kl_precision.sh model=tiny_dense rl.steps=20
 #   PARTITION=gpu ACCOUNT=team SWEEP=gpu_matrix LAUNCHER=slurm_gpu \
 #     scripts/run_zero_kl_precision.sh +layout=colocated
-# No cluster at hand: `sudo scripts/slurm_local_cluster.sh` starts one on this machine.
+# No cluster at hand: `bash scripts/slurm_local_cluster.sh` (as root) starts one on this machine.
 set -euo pipefail
 
 SWEEP=${SWEEP:-precision_matrix}       # a file of sweeps/ (without .yaml)

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # A real single-node Slurm cluster on this machine, with accounting, to try the sweeps:
 #
-#   sudo bash scripts/slurm_local_cluster.sh          # install if missing, configure, start
-#   sudo bash scripts/slurm_local_cluster.sh stop     # stop the daemons this script started
+#   bash scripts/slurm_local_cluster.sh          # install if missing, configure, start
+#   bash scripts/slurm_local_cluster.sh stop     # stop the daemons this script started
 #
-# Debian/Ubuntu as root, no systemd or cgroups needed. Idempotent: daemons already running
+# As root (another user puts `sudo` in front). Debian/Ubuntu, no systemd or cgroups needed. Idempotent: daemons already running
 # are left alone; it returns once `sinfo` shows the node idle. The node is `localhost` with
 # this machine's CPUs and memory in one partition `local`; CI (.ci/run) starts it before
 # the tests. Accounting (slurmdbd + MariaDB) is not optional: without it sacct cannot

@@ -41,6 +41,7 @@ ENTRY_POINTS = {
     "zkl.sweeps",
     "zkl.report.__main__",
     "zkl.lab.warm_start",
+    "zkl.lab.import_gguf",
 }
 MAX_LINES = 400
 KERNELS = PACKAGE / "ops" / "triton"

@@ -49,7 +49,7 @@ if not _cluster_up():
     if os.environ.get("CI"):
         raise RuntimeError("CI needs the local Slurm cluster: scripts/slurm_local_cluster.sh")
     pytest.skip(
-        "no Slurm cluster here: start one with `sudo scripts/slurm_local_cluster.sh`",
+        "no Slurm cluster here: start one with `bash scripts/slurm_local_cluster.sh` (as root)",
         allow_module_level=True,
     )
 
@@ -99,6 +99,8 @@ def test_sweep_through_slurm_and_its_report(tmp_path):
     assert len(jobs) == 4 and all(_state(j) == "COMPLETED" for j in jobs)
     runs = sorted(p for p in sweep.iterdir() if p.name.isdigit())
     assert len(runs) == 4
+    for run_dir in runs:  # each job's result line, printed by the sweep's own process
+        assert f"3 steps in {run_dir}: gen_kl_error exactly 0 at 3 of 3 steps" in out.stdout
     table = {r["run"][0]: r for r in parse_tables((sweep / "report.html").read_text())["runs"]}
     assert set(table) == {p.name for p in runs}
     for run_dir in runs:
@@ -120,11 +122,13 @@ def test_bad_config_fails_only_its_job(tmp_path):
     out = _script(sweep, *ONE_BED, ONE_ARM, "+precision=bf16", "kv=recompute", "rl.steps=2", *TINY,
                   "sampling.max_new_tokens=6,500")  # fmt: skip
     assert out.returncode != 0  # the sweep reports its failed job
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]  # its sentence, in the sweep's stderr
     tables = parse_tables((sweep / "report.html").read_text())
     by_tokens = {r["max_new_tokens"][0]: r for r in tables["runs"]}
     good, bad = by_tokens["6"], by_tokens["500"]
     assert good["status"][0] == "complete" and good["steps"][1] == 2
     sentence = (sweep / bad["run"][0] / "error.txt").read_text().strip()
+    assert f"zkl: {sentence}" in out.stderr.splitlines()
     assert sentence.startswith("model.max_position_embeddings=128 is shorter than")
     assert "\n" not in sentence and sentence.endswith("max_new_tokens needs; raise it.")
     assert bad["status"][0] == "failed"

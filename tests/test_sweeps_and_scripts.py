@@ -107,10 +107,10 @@ def test_launcher_presets_compose():
         launcher = _launcher("hydra/launcher=slurm_gpu", *args)
         assert launcher["gpus_per_node"] == gpus, (layout, transport)
     slurm = _launcher("hydra/launcher=slurm", "hydra.launcher.partition=cpu")
-    assert slurm["_target_"].endswith("submitit_launcher.SlurmLauncher")
+    assert slurm["_target_"] == "hydra_plugins.zkl_launchers.SlurmLauncher"
     assert (slurm["partition"], slurm["cpus_per_task"], slurm["max_num_timeout"]) == ("cpu", 1, 24)
     local = _launcher("hydra/launcher=local")
-    assert local["_target_"].endswith("submitit_launcher.LocalLauncher")
+    assert local["_target_"] == "hydra_plugins.zkl_launchers.LocalLauncher"
 
 
 def test_ablate_group_covers_every_fix():

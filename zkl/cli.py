@@ -8,8 +8,9 @@ generation process died, the disk filled). Exit 130: Ctrl-C, with what is logged
 be resumed; inside a run's steps Ctrl-C (as SIGTERM) first finishes the step and saves, a
 second one stops at once (zkl/state/checkpoint.py). The Hydra callback `RunDirCheck`
 (conf/config.yaml) tests the run directory before Hydra writes into it, so an unwritable one
-is a sentence, not Hydra's traceback, and points `resume=true` without a folder of its own at
-the latest run of the same config (zkl/state/latest_run.py).
+is a sentence, not Hydra's traceback (so is a Slurm launcher without Slurm: zkl/launchers.py),
+and points `resume=true` without a folder of its own at the latest run of the same config
+(zkl/state/latest_run.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from omegaconf import OmegaConf, open_dict, read_write
 from zkl.console import say
 from zkl.errors import ConfigError, ForeignRunDir, RunFault
 from zkl.help import help_text
+from zkl.launchers import slurm_problem
 from zkl.renamed import new_name
 from zkl.run import overrides
 from zkl.run.register import register
@@ -54,6 +56,9 @@ class JobFailed(RuntimeError):
     def __init__(self, message: str, code: int) -> None:
         super().__init__(message)
         self.code = code
+
+    def __reduce__(self) -> tuple:  # a submitit job hands it back pickled
+        return (JobFailed, (str(self), self.code))
 
 
 def _fail(prog: str, message: str, code: int) -> None:
@@ -242,6 +247,10 @@ class RunDirCheck(Callback):
         self._check(str(config.hydra.run.dir), "hydra.run.dir")
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        problem = slurm_problem(config.hydra.get("launcher") or {})
+        if problem:
+            say(f"zkl: {problem}")
+            sys.exit(2)
         self._check(str(config.hydra.sweep.dir), "hydra.sweep.dir")
         # A sweep file's `+precision: ...` works as on the command line (the sweeper is built
         # from this config after the callback).

@@ -50,13 +50,25 @@ def test_an_element_keeps_its_bits_wherever_it_sits(name, dtype):
     assert _moved_by_threads(OURS[name]) == 0
 
 
+FP32_LANES = {"AVX512": 16, "AVX2": 8}  # torch's CPU capability -> its vector loop's width
+
+
 def test_torch_own_kernels_move_bits_with_the_place():
-    """The cause: on this CPU torch's own kernels round some elements differently in a short
-    tensor than in a long one, and on two threads by where a thread's share starts."""
+    """The cause: torch's own kernels round an element differently in a short tensor than in
+    a long one (a vector loop's scalar tail), and on two threads by where a thread's share
+    starts, where a [33, 1000] gate row is not a whole number of vectors: so on AVX-512 (16
+    lanes; 1000 = 62 x 16 + 8) and not on AVX2 (8 lanes). Without a vector loop
+    (`ATEN_CPU_CAPABILITY=default`) nothing moves, and the fix has nothing to remove."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in FP32_LANES:
+        pytest.skip(f"torch's CPU kernels here ({capability}) have no vector loop zkl knows")
     x = _values(torch.float32)
     for name in OURS:
         assert _moved(TORCH[name], x) > 0, name
-    assert _moved_by_threads(F.silu) > 0
+    if 1000 % FP32_LANES[capability]:
+        assert _moved_by_threads(F.silu) > 0
+    else:
+        assert _moved_by_threads(F.silu) == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -129,6 +129,14 @@ def test_page_opens_offline(sweep, tmp_path):
     assert main([str(tmp_path / "missing")]) == 2
 
 
+def test_wandb_without_an_entity_names_both_keys_before_any_work(sweep, capsys):
+    """W&B's own error (`1 validation error for Runset / entity`) names neither key."""
+    assert main([str(sweep), "--wandb"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--entity NAME" in err and "tracking.wandb.entity=NAME" in err
+    assert not (sweep / "report.html").exists()  # refused before the page is written
+
+
 def test_wandb_report_spec(sweep):
     """The W&B Report is built offline; only saving it needs W&B online."""
     from wandb_workspaces import expr

@@ -150,6 +150,34 @@ def test_winners_are_computed_and_ties_said(sweep):
     assert got["lowest mismatch"]["next best"][0] == "fp16 default (4.478e-07)"
 
 
+def _shift_accuracy(run_dir: Path, first: float, final: float) -> None:
+    """The run's first validation set to `first` and every later one to `final`."""
+    rows, seen = _rows(run_dir), False
+    for row in rows:
+        if "val/accuracy" in row:
+            row["val/accuracy"], seen = (final if seen else first), True
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_arms_that_started_apart_are_judged_by_their_gain(sweep):
+    """The tiny_moe arms start (and stay) at 0.625 while the dense ones start at 0.125: the
+    best final accuracy would crown them for their start; the gain crowns `zero` (+0.25)."""
+    for moe in ("10", "11"):
+        _shift_accuracy(sweep / moe, 0.625, 0.625)
+    _shift_accuracy(sweep / "0", 0.125, 0.375)
+    got = _winners(sweep)
+    assert "best final val/accuracy" not in got
+    gain = got["largest val/accuracy gain"]
+    assert gain["winner"][0] == "zero" and gain["value"][1] == 0.25
+    assert "the arms started apart (0.125 to 0.625)" in gain["measured as"][0]
+    for moe in ("10", "11"):  # the same arms starting where the others start: final compares
+        _shift_accuracy(sweep / moe, 0.125, 0.625)
+    got = _winners(sweep)
+    assert got["best final val/accuracy"]["winner"][0] == "tie: tiny_moe default, " + (
+        "tiny_moe default+replay"
+    )
+
+
 def test_a_question_without_data_says_so(sweep):
     for run_dir in sweep.iterdir():
         if run_dir.is_dir():

@@ -34,6 +34,14 @@ def main(argv: list[str] | None = None) -> int:
     if not (sources.runs or sources.bench or sources.cert):
         say(f"zkl.report: no runs under {', '.join(args.dirs)}")
         return 2
+    flat = sources.runs[0].flat if sources.runs else {}
+    entity = args.entity or flat.get("tracking.wandb.entity")
+    if args.wandb and not entity:  # W&B's own error names neither key
+        say(
+            "zkl.report: --wandb needs a W&B entity (a user or team name) and these runs name "
+            "none: pass --entity NAME, or run them with tracking.wandb.entity=NAME."
+        )
+        return 2
     out = Path(args.out) if args.out else Path(args.dirs[0]) / "report.html"
     if out.is_dir():
         out = out / "report.html"
@@ -49,8 +57,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"{out}\n{out.with_suffix('.md')}")
     if args.wandb:
-        flat = sources.runs[0].flat if sources.runs else {}
-        entity = args.entity or flat.get("tracking.wandb.entity")
         project = args.project or flat.get("tracking.wandb.project") or "zkl"
         try:
             print(wandb_report.publish(wandb_report.build(sources, entity, project, args.title)))

@@ -297,5 +297,6 @@ def summary(run: Run) -> dict[str, Any]:
         "max_abs_diff": max(diff) if diff else None,
         "bitwise_min": min(bitwise) if bitwise else None,
         "reward_final": reward[-1] if reward else None,
+        "val_accuracy_first": val[0] if val else None,
         "val_accuracy_final": val[-1] if val else None,
     }

@@ -4,8 +4,10 @@ arms' logged rows.
 
 The questions: the lowest mismatch (gen_kl_error, mean over the logged steps), the best final
 val/accuracy (at each arm's last validation) and the fastest step (generation + scoring +
-update + refit, mean over the steps). Arms with the best value are a tie and said as one; a
-question that no arm logged says so.
+update + refit, mean over the steps). Arms whose first validations differ (other models or
+warm starts) do not compare by their final accuracy: the question becomes the largest gain,
+last validation minus first, and says the range they started in. Arms with the best value are
+a tie and said as one; a question that no arm logged says so.
 """
 
 from __future__ import annotations
@@ -64,6 +66,13 @@ class Question:
     zero: str = "0"  # how a value of exactly 0 reads
 
 
+def accuracy_gain(run: Run) -> float | None:
+    """val/accuracy at the last validation minus at the first, rounded so that equal gains
+    of fractions tie (0.3 - 0.1 and 0.2 differ in the last bit)."""
+    first, final = summary(run)["val_accuracy_first"], summary(run)["val_accuracy_final"]
+    return None if first is None else round(final - first, 12)
+
+
 QUESTIONS = (
     Question(
         "lowest mismatch",
@@ -96,6 +105,23 @@ class Verdict:
     counted: int  # arms with a value
 
 
+def questions(arms: Arms) -> tuple[Question, ...]:
+    """The report's questions for these arms: the accuracy one by gain when they started apart."""
+    starts = {summary(r)["val_accuracy_first"] for r in arms.runs} - {None}
+    if len(starts) < 2:
+        return QUESTIONS
+    gain = Question(
+        "largest val/accuracy gain",
+        "val/accuracy at the arm's last validation minus its first (higher is better): the "
+        f"arms started apart ({fmt(min(starts))} to {fmt(max(starts))}), so their final "
+        "values do not compare",
+        lower_is_better=False,
+        value=accuracy_gain,
+        missing=QUESTIONS[1].missing,
+    )
+    return (QUESTIONS[0], gain, QUESTIONS[2])
+
+
 def verdict(question: Question, arms: Arms) -> Verdict:
     values: dict[float, list[str]] = {}
     for run in arms.runs:
@@ -126,7 +152,7 @@ def winners_table(arms: Arms) -> Table:
     table = Table("Winners", ["question", "winner", "value", "next best", "measured as"])
     total = len(arms.runs)
     every = [arms.name(r) for r in arms.runs]
-    for question in QUESTIONS:
+    for question in questions(arms):
         v = verdict(question, arms)
         if not v.ranked:
             table.rows.append([Cell(question.title), Cell(f"no data: {question.missing}")])

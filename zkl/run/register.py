@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
+from hydra.core.plugins import Plugins
 from omegaconf import DictConfig, OmegaConf
 
+from hydra_plugins import zkl_launchers
 from zkl.distributed.config import tasks_per_node
 from zkl.placement import layout_gpus, node_gpus
 from zkl.run.schema import CONF_DIR, ZklConfig
@@ -20,8 +22,12 @@ SCHEMA_NAME = "zkl_schema"  # conf/config.yaml's first default
 
 
 def register(schema: type = ZklConfig) -> None:
-    """`schema` in Hydra's ConfigStore; the resolvers conf/hydra/launcher/slurm*.yaml use."""
+    """`schema` in Hydra's ConfigStore; the resolvers conf/hydra/launcher/slurm*.yaml use;
+    zkl's launchers (conf/hydra/launcher), which Hydra's own scan of `hydra_plugins` misses in
+    an editable install (setuptools' import hook lists no modules to it)."""
     ConfigStore.instance().store(name=SCHEMA_NAME, node=schema)
+    for launcher in (zkl_launchers.LocalLauncher, zkl_launchers.SlurmLauncher):
+        Plugins.instance().register(launcher)
     OmegaConf.register_new_resolver("zkl_gpus", layout_gpus, replace=True)
     OmegaConf.register_new_resolver("zkl_tasks_per_node", tasks_per_node, replace=True)
     OmegaConf.register_new_resolver("zkl_node_gpus", node_gpus, replace=True)

@@ -1,4 +1,4 @@
-"""The default path's CUDA forms are a fast engine's: fused row-wise norms and the fastest
+"""The default path's CUDA forms are a fast generator's: fused row-wise norms and the fastest
 attention measured for each shape (`zkl.ops.fastest_attention`). Each stays close to the
 reference maths; the attention's choice is one of the candidates, made once per shape, and a
 CUDA graph captured after its warm-up replays that choice."""

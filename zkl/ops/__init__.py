@@ -3,7 +3,7 @@
 `TABLE` maps each op to the named fix that governs it and to its four forms: CPU fast, CPU
 invariant, CUDA fast, CUDA invariant. `dispatch(op, cuda)` is the one rule: the CUDA forms
 for a CUDA tensor and the PyTorch forms for any other, the invariant one exactly when the
-op's fix is on (`zkl.invariance.is_enabled`). The fast forms are what a default engine runs
+op's fix is on (`zkl.invariance.is_enabled`). The fast forms are what a fast generator runs
 (`fast`, cuBLAS, flash attention); the invariant ones are `invariant` (the CPU reference,
 the spec) and `cuda` (Triton). An op no fix governs has one form per device, written in
 both of its cells. No model or engine code branches on the device.
@@ -90,7 +90,7 @@ TABLE: dict[str, Op] = {
         REDUCTIONS,
         cpu_fast=fast.rms_norm,
         cpu_invariant=invariant.rms_norm,
-        cuda_fast=_Cuda("rms_norm_default"),  # one fused pass a row, as fast engines run it
+        cuda_fast=_Cuda("rms_norm_default"),  # one fused pass a row, as fast generators run it
         cuda_invariant=_Cuda("rms_norm"),
     ),
     "add_rms_norm": Op(

@@ -61,8 +61,8 @@ def add_rms_norm(
 def add_rms_norm_default(
     x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The default path's: the same fused pass contracted as a fast engine compiles it (a
-    row-wise norm needs no fix; fast engines fuse the residual add into it); with a
+    """The default path's: the same fused pass contracted as a fast generator compiles it (a
+    row-wise norm needs no fix; fast generators fuse the residual add into it); with a
     gradient, the add, then `rms_norm_default`."""
     if _wants_grad(x, delta):
         total = x + delta
@@ -96,7 +96,7 @@ def attention_default(
     window: int = 0,
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """What a fast engine runs: the fastest attention this device has for the call's shape
+    """What a fast generator runs: the fastest attention this device has for the call's shape
     (SDPA, flash-attn-4 with its own splits, zkl's default Triton kernels), measured once
     per shape (`zkl.ops.fastest_attention`)."""
     return fastest_attention.attention(q, k, v, q_pos, kv_rows, window=window, sinks=sinks)

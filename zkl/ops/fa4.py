@@ -114,7 +114,7 @@ def usable(head_dim: int, dtype: torch.dtype, device: torch.device) -> bool:
 
 
 def own_splits(device: torch.device) -> int:
-    """The split count a fast engine leaves to flash-attn-4: its heuristic (0) where the
+    """The split count a fast generator leaves to flash-attn-4: its heuristic (0) where the
     device splits the keys, one on Hopper, where flash-attn-4 refuses a split."""
     return 0 if torch.cuda.get_device_capability(device)[0] >= 10 else 1
 

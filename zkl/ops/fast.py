@@ -1,4 +1,4 @@
-"""The ordinary fast PyTorch path: what a default engine does, mismatch and all."""
+"""The ordinary fast PyTorch path: what a fast generator does, mismatch and all."""
 
 from __future__ import annotations
 
@@ -199,7 +199,7 @@ def attention_with_sinks(
     window: int = 0,
 ) -> torch.Tensor:
     """Causal attention whose softmax has one more logit per head, `sinks` [H], with no value
-    (gpt-oss), in the activation dtype as an eager engine computes it; `window` as
+    (gpt-oss), in the activation dtype as an eager implementation computes it; `window` as
     `attention`'s. Keys are the whole buffer, masked: nothing is read back to the host."""
     groups = q.shape[1] // k.shape[1]
     if groups > 1:

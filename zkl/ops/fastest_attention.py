@@ -1,6 +1,6 @@
 """The default path's attention on CUDA: the fastest form this device has for a call's shape.
 
-A fast engine runs whichever attention kernel is fastest on its GPU; the default path's bits
+A fast generator runs whichever attention kernel is fastest on its GPU; the default path's bits
 may follow the batch, so nothing ties it to one kernel. The candidates are every
 non-invariant form the machine has:
 - `sdpa`: PyTorch's scaled_dot_product_attention (`zkl.ops.fast.attention`: flash for the

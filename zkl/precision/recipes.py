@@ -135,8 +135,8 @@ def weight_cache(cache: dict[int, torch.Tensor]) -> Iterator[None]:
     """Inside the block, quantized weights come from (and go into) `cache`, keyed by module id.
 
     For inference only (the cached weights are detached). The key is `id(module)` of the
-    Linear: ids are unique among live objects, and the owner of the cache (the generation
-    engine) also owns the model, so every keyed module lives as long as its entry. A refit
+    Linear: ids are unique among live objects, and the owner of the cache (the generator)
+    also owns the model, so every keyed module lives as long as its entry. A refit
     copies new values into the same Parameters in place (or, colocated, shares the trainer's
     model), so the modules and their keys stay while the cached *values* go stale; the owner
     must clear the cache after every refit (fix `quantized_weight_refresh`). The cache does

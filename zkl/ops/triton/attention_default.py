@@ -1,4 +1,4 @@
-"""The default path's attention on CUDA: what a fast engine runs, train/gen mismatch and all."""
+"""The default path's attention on CUDA: what a fast generator runs, train/gen mismatch and all."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def attention_default(
     window: int = 0,
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """What a fast engine runs on CUDA, mismatch and all: PyTorch's SDPA where the queries are
+    """What a fast generator runs on CUDA, mismatch and all: PyTorch's SDPA where the queries are
     the keys (scoring, the train forward; flash without a window; with sinks, which SDPA
     lacks, the eager form), flash-decoding with a batch-dependent split for decode, and one
     unmerged pass over the cache for prefill."""

@@ -169,7 +169,7 @@ def _first_chunk(p, window, CHUNK_KEYS: tl.constexpr):
 
 @triton.jit
 def _kv_row(rows_ptr, b, HAS_ROWS: tl.constexpr):
-    """The cache row batch row `b` reads: its own, or `rows[b]` (the engine's slots)."""
+    """The cache row batch row `b` reads: its own, or `rows[b]` (the scheduler's slots)."""
     kv_b = b
     if HAS_ROWS:
         kv_b = tl.load(rows_ptr + b).to(tl.int64)

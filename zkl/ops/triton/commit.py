@@ -58,7 +58,7 @@ def _commit_kernel(
 def commit_samples(
     state, rows: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor, eos_id: int | None
 ) -> None:
-    """`zkl.ops.commit_samples` in one launch (`state`: the engine's per-slot tensors)."""
+    """`zkl.ops.commit_samples` in one launch (`state`: the scheduler's per-slot tensors)."""
     num_rows = rows.shape[0]
     if num_rows == 0:
         return

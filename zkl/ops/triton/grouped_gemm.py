@@ -227,7 +227,7 @@ def group_tile(rows: int, num_experts: int, depth: int, width: int, dtype: torch
 def grouped_linear_default(
     x: torch.Tensor, weights: Sequence[torch.Tensor], offsets: torch.Tensor
 ) -> torch.Tensor:
-    """The default form (a fast engine's fused MoE GEMM): the tile follows the total row
+    """The default form (a fast generator's fused MoE GEMM): the tile follows the total row
     count, with no first-use check of what that does to a row's bits."""
     num_rows, depth = x.shape
     tile = group_tile(num_rows, len(weights), depth, weights[0].shape[0], x.dtype)

@@ -56,7 +56,7 @@ def rms_norm_forward(
     x: torch.Tensor, weight: torch.Tensor, eps: float, fp_fusion: bool = False
 ) -> torch.Tensor:
     """One program a row. `fp_fusion` lets the compiler contract mul + add (the default
-    path's, as a fast engine compiles it); zero mode's rounds once per operation."""
+    path's, as a fast generator compiles it); zero mode's rounds once per operation."""
     dim = x.shape[-1]
     rows = row_matrix(x)
     out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
@@ -106,7 +106,7 @@ def rms_norm(
 
 def rms_norm_default(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """The default path's RMSNorm: the same one-program-a-row pass, contracted as a fast
-    engine compiles it (a row-wise norm needs no invariance fix; fast engines fuse it)."""
+    generator compiles it (a row-wise norm needs no invariance fix; fast generators fuse it)."""
     return rms_norm(x, weight, eps, fp_fusion=True)
 
 

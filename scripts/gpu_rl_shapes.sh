@@ -6,7 +6,7 @@
 # (trainer.activation_checkpointing) and prefill 2048 tokens of a row at a time, so they fit
 # an 80 GB GPU. The tail stage is the RL tail without activation checkpointing: the 1.5B with
 # 6,000-token prompts, 6 rollouts, 300 new tokens, graphs on, the update one sequence a
-# backward (rl.update_micro_batch=1), 3 steps, each step's peak (GiB) beside its memory plan (GB).
+# backward (rl.update_micro_batch=1), 3 steps, each step's peak beside its memory plan (both GB).
 #   OUT=/some/dir bash scripts/gpu_rl_shapes.sh   (BENCH_S, LONG_S, TAIL_S bound the stages;
 #   STAGES="bench long tail" narrows it)
 set -uo pipefail
@@ -42,7 +42,7 @@ if [[ " $STAGES " == *" tail "* ]]; then
   timeout "${TAIL_S:-240}" python3 -m zkl $Q device=cuda $TAIL hydra.run.dir="$OUT/tail_6k" \
     >> "$OUT/tail_6k.log" 2>&1
   echo "tail run rc=$?" >> "$OUT/tail_6k.log"
-  python3 -c "import json; [print('step', r.get('step'), 'perf/peak_gpu_mem_gb', r.get('perf/peak_gpu_mem_gb'))
+  python3 -c "import json; [print(f'step {r[\"step\"]} peak {r[\"perf/peak_gpu_mem_gb\"] * 2**30 / 1e9:.1f} GB')
     for r in map(json.loads, open('$OUT/tail_6k/metrics.jsonl')) if 'perf/peak_gpu_mem_gb' in r]" \
-    >> "$OUT/tail_6k.log" 2>&1
+    >> "$OUT/tail_6k.log" 2>&1  # the metric is GiB; the plan above is GB
 fi

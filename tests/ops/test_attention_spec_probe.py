@@ -23,11 +23,11 @@ if not INTERPRETED:
 
 from zkl.ops.triton.attention_kernels import Tile, decode, prefill  # noqa: E402
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "attention_spec_probe.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "attention_candidates.py"
 
 
 def _probe():
-    spec = importlib.util.spec_from_file_location("attention_spec_probe", SCRIPT)
+    spec = importlib.util.spec_from_file_location("attention_candidates", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -48,12 +48,12 @@ def test_unmasked_interior_forward_gives_the_kernels_bits():
     k, v = (torch.randn(1, 2, 512, 32, generator=g) for _ in range(2))
     pos = torch.arange(512).expand(1, 512)
     tile = Tile(64, 4, 1)
-    chunked = probe.forward(q, k, v, 64, 64, 4, 1, True, 256)
+    chunked = probe.forward(q, k, v, 64, 64, 4, 1, "fma", 256)
     assert torch.equal(chunked, prefill(q, k, v, pos, tile=tile, chunk=256))
-    one = probe.forward(q, k, v, 64, 64, 4, 1, True, 0)
+    one = probe.forward(q, k, v, 64, 64, 4, 1, "fma", 0)
     assert torch.equal(one, prefill(q, k, v, pos, tile=tile, chunk=1 << 30))
     assert not torch.equal(one, chunked)  # the chunk merge is a different order
-    plain = probe.forward(q, k, v, 64, 64, 4, 1, False, 0)
+    plain = probe.forward(q, k, v, 64, 64, 4, 1, "plain", 0)
     torch.testing.assert_close(plain, _sdpa(q, k, v, True), rtol=1e-5, atol=1e-5)
 
 
@@ -69,3 +69,25 @@ def test_unrolled_combine_gives_decodes_bits_and_the_parallel_one_its_values():
         assert torch.equal(got, want)
     parallel = probe.decode_with(q, k, v, pos, rows, "parallel", rows_per_program=16)
     torch.testing.assert_close(parallel, want, rtol=1e-5, atol=1e-5)
+
+
+def test_prefix_decode_gives_the_one_chunk_prefills_bits():
+    """Every query of a 300-token sequence decoded alone, its blocks in parallel: the rows
+    of one causal prefill with a single online softmax, bit for bit; not those of the
+    chunked spec (a different order), so the comparison can tell them apart."""
+    probe = _probe()
+    g = torch.Generator().manual_seed(2)
+    seq = 300
+    q = torch.randn(1, seq, 4, 32, generator=g).transpose(1, 2)
+    k, v = (torch.randn(1, 2, seq, 32, generator=g) for _ in range(2))
+    pos = torch.arange(seq).expand(1, seq)
+    one = prefill(q, k, v, pos, tile=Tile(64, 4, 1), chunk=1 << 30)[0].transpose(0, 1)
+    chunked = prefill(q, k, v, pos, tile=Tile(64, 4, 1))[0].transpose(0, 1)
+    at = torch.tensor([0, 63, 64, 255, 256, 299])
+    q_dec = q[0, :, at].unsqueeze(2).transpose(0, 1)  # [n, H, 1, D]: one query a row
+    slots = torch.zeros(len(at), dtype=torch.long)
+    for unroll in (1, 4):
+        got = probe.decode_prefix(q_dec, k, v, at.view(-1, 1), slots, rows_per_program=16,
+                                  unroll=unroll)[:, :, 0]  # fmt: skip
+        assert torch.equal(got, one[at])
+    assert not torch.equal(one[at], chunked[at])

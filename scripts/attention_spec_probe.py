@@ -8,9 +8,10 @@ forwards, every kernel timed side by side with SDPA's flash:
   and with one chunk (a single online softmax), per candidate tile;
 - `plain/…`: a causal flash forward written as fast Triton kernels are (masks on the diagonal
   block only, P.V accumulated inside the MMA, contraction on): what Triton reaches here;
-- `spec/…`: the same kernel computing zero mode's spec (separate P.V, one `fma` a step, no
-  contraction), with and without the spec's chunk merge: what the spec's rules cost.
-`spec` with chunks is checked bit for bit against `zkl` at the same tile (the interior blocks'
+- `fma_…`: the same kernel computing zero mode's spec (separate P.V, one `fma` a step, no
+  contraction), with and without the spec's chunk merge: what the spec's rules cost;
+- `mma_…`: the spec with P.V accumulated inside the MMA (one register tile fewer).
+`fma` is checked bit for bit against `zkl` at the same tile and chunk (the interior blocks'
 masks are identities, so an unmasked interior must give the same bits). Then decode at b1 8k,
 b1 32k and b16 32k: zkl's (with a profile of its two kernels), its combine unrolled, 512-key
 chunks, flash-decoding's parallel combine, and the one-chunk spec's blocks in parallel
@@ -24,15 +25,13 @@ import argparse
 import json
 
 import torch
-import torch.nn.functional as F
-from attention_candidates import decode_prefix, decode_with, forward
+from attention_candidates import FORWARD_MODES, decode_prefix, decode_with, forward
 
+from zkl.lab.bench_attention import HEAD_DIM, HEADS, KV_HEADS, _fastest, _qkv, _sdpa_forms
 from zkl.lab.timing import cuda_time, graph_time
 from zkl.ops.triton.attention_default import default_chunk
 from zkl.ops.triton.attention_kernels import CHUNK, KEY_BLOCK, Tile, decode, prefill
 from zkl.ops.triton.gemm import sm_count
-
-HEADS, KV_HEADS, HEAD_DIM = 12, 2, 128
 
 
 def decode_profile() -> dict[str, object]:
@@ -48,11 +47,7 @@ def decode_profile() -> dict[str, object]:
 def _prefix_bits(seq: int = 4096) -> dict[str, object]:
     """Queries of one sequence decoded alone by `decode_prefix` against the one-chunk
     prefill's rows at two tiles, bit for bit (the device's MMA kinds decide)."""
-    g = torch.Generator(device="cuda").manual_seed(5)
-    q = torch.randn(1, seq, HEADS, HEAD_DIM, device="cuda", generator=g).bfloat16()
-    q = q.transpose(1, 2)
-    k, v = (torch.randn(1, KV_HEADS, seq, HEAD_DIM, device="cuda", generator=g).bfloat16()
-            for _ in range(2))  # fmt: skip
+    q, k, v = _qkv(1, seq, seed=5)
     pos = torch.arange(seq, device="cuda").expand(1, seq)
     at = torch.arange(0, seq, 7, device="cuda")
     q_dec = q[0, :, at].unsqueeze(2).transpose(0, 1)
@@ -79,8 +74,7 @@ def _decode_shape(batch: int, ctx: int) -> dict[str, object]:
             for _ in range(2))  # fmt: skip
     pos = torch.full((batch, 1), ctx - 1, device="cuda")
     rows = torch.arange(batch, device="cuda")
-    qc = q.contiguous()
-    sdpa = graph_time(lambda: F.scaled_dot_product_attention(qc, k, v, enable_gqa=True))
+    _, sdpa = _fastest(_sdpa_forms(q.contiguous(), k, v, False), graph_time)
     key = f"decode/b{batch}/ctx{ctx}"
     out[f"{key}/sdpa_us"] = sdpa * 1e6
     for r in (16, 64):
@@ -136,20 +130,10 @@ def main() -> None:
 
 def _forward_shape(batch: int, seq: int) -> dict[str, object]:
     out: dict[str, object] = {}
-    g = torch.Generator(device="cuda").manual_seed(seq)
-    q = torch.randn(batch, seq, HEADS, HEAD_DIM, device="cuda", generator=g).bfloat16()
-    q = q.transpose(1, 2)
-    k, v = (torch.randn(batch, KV_HEADS, seq, HEAD_DIM, device="cuda", generator=g).bfloat16()
-            for _ in range(2))  # fmt: skip
+    q, k, v = _qkv(batch, seq, seed=seq)
     pos = torch.arange(seq, device="cuda").expand(batch, seq)
-    qc = q.contiguous()
-    kr, vr = (t.repeat_interleave(HEADS // KV_HEADS, 1) for t in (k, v))
-    sdpa = min(
-        cuda_time(
-            lambda: F.scaled_dot_product_attention(qc, k, v, is_causal=True, enable_gqa=True)
-        ),
-        cuda_time(lambda: F.scaled_dot_product_attention(qc, kr, vr, is_causal=True)),
-    )
+    forms = _sdpa_forms(q.contiguous(), k, v, True)
+    _, sdpa = _fastest(forms, lambda f: cuda_time(f, repeats=10))
     flops = 4 * batch * HEADS * HEAD_DIM * seq * seq / 2
     key = f"T{seq}"
     out[f"{key}/sdpa_tflops"] = flops / sdpa / 1e12
@@ -162,13 +146,14 @@ def _forward_shape(batch: int, seq: int) -> dict[str, object]:
             )
     for bm, bn, warps, stages in ((128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3),
                                   (64, 64, 4, 3), (128, 128, 8, 3)):  # fmt: skip
-        for spec, chunk in ((False, 0), (True, 0), (True, CHUNK), (True, 512)):
-            if chunk and (bn > KEY_BLOCK):
-                continue
-            kind = "plain" if not spec else (f"spec_chunk{chunk}" if chunk else "spec_onechunk")
-            rows[f"{kind}/{bm}x{bn}w{warps}s{stages}"] = (
-                lambda a=(bm, bn, warps, stages, spec, chunk): forward(q, k, v, *a)
-            )
+        for mode in FORWARD_MODES:
+            for chunk in (0,) if mode == "plain" else (0, CHUNK, 512):
+                if chunk and (bn > KEY_BLOCK):
+                    continue
+                kind = f"{mode}_chunk{chunk}" if chunk else f"{mode}_onechunk"
+                rows[f"{kind}/{bm}x{bn}w{warps}s{stages}"] = (
+                    lambda a=(bm, bn, warps, stages, mode, chunk): forward(q, k, v, *a)
+                )
     results = {}
     for name, fn in rows.items():
         try:
@@ -179,13 +164,13 @@ def _forward_shape(batch: int, seq: int) -> dict[str, object]:
         except Exception as exc:  # noqa: BLE001 - a tile this build refuses is a row too
             out[f"{key}/{name}/error"] = repr(exc)[:200]
         print(name, out.get(f"{key}/{name}/over_sdpa_speed"), flush=True)
-    ref = F.scaled_dot_product_attention(qc, kr, vr, is_causal=True).float()
+    ref = forms["repeat"]().float()
     for name, res in results.items():
         out[f"{key}/{name}/max_abs_vs_sdpa"] = (res.float() - ref).abs().max().item()
-    pairs = [("spec_chunk256/128x64w8s3", "zkl/128w8f/chunk256"),
-             ("spec_onechunk/128x64w8s3", "zkl/128w8f/onechunk"),
-             ("spec_chunk256/64x64w4s3", "zkl/64w4f/chunk256"),
-             ("spec_chunk512/128x64w8s3", "zkl/128w8f/chunk512"),
+    pairs = [("fma_chunk256/128x64w8s3", "zkl/128w8f/chunk256"),
+             ("fma_onechunk/128x64w8s3", "zkl/128w8f/onechunk"),
+             ("fma_chunk256/64x64w4s3", "zkl/64w4f/chunk256"),
+             ("fma_chunk512/128x64w8s3", "zkl/128w8f/chunk512"),
              ("zkl/128w8n/chunk256", "zkl/128w8f/chunk256")]  # fmt: skip
     for a, b in pairs:
         if a in results and b in results:

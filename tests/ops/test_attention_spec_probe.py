@@ -41,7 +41,7 @@ def _sdpa(q, k, v, causal: bool) -> torch.Tensor:
 
 def test_unmasked_interior_forward_gives_the_kernels_bits():
     """Interior blocks without masks, chunks of 256 merged (or one chunk): the prefill's bits;
-    the plain forward (P.V inside the MMA) only SDPA's values."""
+    the plain forward and the spec with P.V inside the MMA only SDPA's values."""
     probe = _probe()
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 512, 4, 32, generator=g).transpose(1, 2)
@@ -53,8 +53,9 @@ def test_unmasked_interior_forward_gives_the_kernels_bits():
     one = probe.forward(q, k, v, 64, 64, 4, 1, "fma", 0)
     assert torch.equal(one, prefill(q, k, v, pos, tile=tile, chunk=1 << 30))
     assert not torch.equal(one, chunked)  # the chunk merge is a different order
-    plain = probe.forward(q, k, v, 64, 64, 4, 1, "plain", 0)
-    torch.testing.assert_close(plain, _sdpa(q, k, v, True), rtol=1e-5, atol=1e-5)
+    for mode, chunk in (("plain", 0), ("mma", 0), ("mma", 256)):
+        got = probe.forward(q, k, v, 64, 64, 4, 1, mode, chunk)
+        torch.testing.assert_close(got, _sdpa(q, k, v, True), rtol=1e-5, atol=1e-5)
 
 
 def test_unrolled_combine_gives_decodes_bits_and_the_parallel_one_its_values():

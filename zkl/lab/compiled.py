@@ -34,7 +34,7 @@ ASYNC_LOADS = ("LDGSTS", "UBLKCP", "UTMALDG")
 class Compiled:
     name: str
     registers: int  # a thread's, as ptxas allocates them
-    spill_bytes: int  # stores to local memory a thread (spilled registers)
+    spill_bytes: int  # a thread's stack frame: its spilled registers (these kernels keep no arrays)
     shared_bytes: int
     ops: dict[str, int] = field(repr=False)
 
@@ -93,7 +93,8 @@ def compile_for(
     arch: int = HOPPER,
     name: str | None = None,
 ) -> Compiled:
-    """Compile `fn` for sm_`arch` (no GPU needed) and read what ptxas and the SASS say."""
+    """Compile `fn` for sm_`arch` (no GPU needed) and read the cubin's resource usage and
+    SASS."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("zkl.lab.compiled needs Triton's compiler: unset TRITON_INTERPRET")
     sig, constants, attrs = specialized(fn, types, values or {})
@@ -105,25 +106,19 @@ def compile_for(
         options={"num_warps": num_warps, "enable_fp_fusion": fp_fusion},
     )
     with tempfile.TemporaryDirectory() as tmp:
-        ptx, cubin = Path(tmp, "k.ptx"), Path(tmp, "k.cubin")
-        ptx.write_text(kernel.asm["ptx"])
-        target = re.search(r"\.target (\S+)", kernel.asm["ptx"]).group(1)
-        info = subprocess.run(
-            [_bin("ptxas"), "-v", f"-arch={target}", str(ptx), "-o", str(Path(tmp, "v.cubin"))],
+        cubin = Path(tmp, "k.cubin")
+        cubin.write_bytes(kernel.asm["cubin"])  # what ptxas made of it with Triton's options
+        dump = subprocess.run(
+            [_bin("cuobjdump"), "-res-usage", "-sass", str(cubin)],
             capture_output=True, text=True, check=True,
-        ).stderr  # fmt: skip
-        cubin.write_bytes(kernel.asm["cubin"])
-        sass = subprocess.run(
-            [_bin("cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True, check=True
-        ).stdout
-    registers = int(re.search(r"Used (\d+) registers", info).group(1))
-    spills = re.search(r"(\d+) bytes spill stores", info)
+        ).stdout  # fmt: skip
+    usage = re.search(r"REG:(\d+) STACK:(\d+)", dump)
     return Compiled(
         name=name or fn.__name__,
-        registers=registers,
-        spill_bytes=int(spills.group(1)) if spills else 0,
+        registers=int(usage.group(1)),
+        spill_bytes=int(usage.group(2)),
         shared_bytes=kernel.metadata.shared,
-        ops=dict(collections.Counter(_SASS_OP.findall(sass))),
+        ops=dict(collections.Counter(_SASS_OP.findall(dump))),
     )
 
 

@@ -137,8 +137,9 @@ def attention_strides(head_dim: int = 128, heads: int = 12, kv_heads: int = 2,
 def attention_report(head_dim: int = 128) -> list[Compiled]:
     """Zero mode's Triton attention kernels at the 1.5B's head dim (bf16): each prefill tile
     candidate and the decode kernels, as sm_90 compiles them."""
+    # optional: Triton is a CUDA extra, imported only when a report is asked for
     from zkl.ops.triton import attention_kernels as ak
-    from zkl.ops.triton.attention_probe import PREFILL_TILES
+    from zkl.ops.triton.attention_probe import PREFILL_TILES  # optional, as above
 
     ptrs = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
     ptrs.update(pos_ptr="*i64", rows_ptr="*i64", sinks_ptr="*fp32", qk_scale="fp32")

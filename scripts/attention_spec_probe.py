@@ -5,7 +5,8 @@
 At the 1.5B's attention layer (12 query / 2 KV heads, d 128, bf16), 2 x 8k and 1 x 16k causal
 forwards, every kernel timed side by side with SDPA's flash:
 - `zkl/…`: `attention_kernels.prefill` as zero mode runs it (chunks of 256 keys merged in order)
-  and with one chunk (a single online softmax), per candidate tile;
+  and with one chunk (a single online softmax), per candidate tile (`…i`: `Tile.interior`,
+  the blocks every query of the tile sees run unmasked);
 - `plain/…`: a causal flash forward written as fast Triton kernels are (masks on the diagonal
   block only, P.V accumulated inside the MMA, contraction on): what Triton reaches here;
 - `fma_…`: the same kernel computing zero mode's spec (separate P.V, one `fma` a step, no
@@ -82,7 +83,7 @@ def _decode_shape(batch: int, ctx: int) -> dict[str, object]:
         out[f"{key}/zkl_rows{r}_us"] = t * 1e6
         out[f"{key}/zkl_rows{r}_over_sdpa_speed"] = sdpa / t
     ref = decode(q, k, v, pos, rows, rows_per_program=64)
-    for unroll in (8, 16, 32):
+    for unroll in (1, 8, 16, 32):  # 1: the loads one chunk at a time
         args = (q, k, v, pos, rows, "unrolled")
         t = graph_time(lambda a=args, u=unroll: decode_with(*a, unroll=u))
         out[f"{key}/zkl_unrolled{unroll}_over_sdpa_speed"] = sdpa / t
@@ -138,9 +139,12 @@ def _forward_shape(batch: int, seq: int) -> dict[str, object]:
     key = f"T{seq}"
     out[f"{key}/sdpa_tflops"] = flops / sdpa / 1e12
     rows: dict[str, object] = {}
-    for tile in (Tile(128, 8, 3), Tile(128, 8, 3, nested=True), Tile(64, 4, 3)):
-        name = f"{tile.rows}w{tile.warps}{'n' if tile.nested else 'f'}"
-        for chunk, cname in ((CHUNK, "chunk256"), (512, "chunk512"), (1 << 30, "onechunk")):
+    tiles = (Tile(128, 8, 3), Tile(128, 8, 3, nested=True), Tile(64, 4, 3),
+             Tile(128, 8, 3, interior=True), Tile(64, 4, 3, interior=True))  # fmt: skip
+    for tile in tiles:
+        name = f"{tile.rows}w{tile.warps}{'n' if tile.nested else 'i' if tile.interior else 'f'}"
+        chunks = ((CHUNK, "chunk256"), (512, "chunk512"), (1 << 30, "onechunk"))
+        for chunk, cname in chunks[::2] if tile.interior else chunks:
             rows[f"zkl/{name}/{cname}"] = lambda t=tile, c=chunk: prefill(
                 q, k, v, pos, tile=t, chunk=c
             )
@@ -171,7 +175,10 @@ def _forward_shape(batch: int, seq: int) -> dict[str, object]:
              ("fma_onechunk/128x64w8s3", "zkl/128w8f/onechunk"),
              ("fma_chunk256/64x64w4s3", "zkl/64w4f/chunk256"),
              ("fma_chunk512/128x64w8s3", "zkl/128w8f/chunk512"),
-             ("zkl/128w8n/chunk256", "zkl/128w8f/chunk256")]  # fmt: skip
+             ("zkl/128w8n/chunk256", "zkl/128w8f/chunk256"),
+             ("zkl/128w8i/chunk256", "zkl/128w8f/chunk256"),
+             ("zkl/128w8i/onechunk", "zkl/128w8f/onechunk"),
+             ("zkl/64w4i/chunk256", "zkl/64w4f/chunk256")]  # fmt: skip
     for a, b in pairs:
         if a in results and b in results:
             out[f"{key}/equal/{a}=={b}"] = bool(torch.equal(results[a], results[b]))

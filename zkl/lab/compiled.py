@@ -17,7 +17,7 @@ import os
 import re
 import subprocess
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import triton
@@ -147,12 +147,13 @@ def attention_report(head_dim: int = 128) -> list[Compiled]:
     common = {"HAS_ROWS": False, "PRECISION": "tf32", "HEAD_DIM": head_dim, "BLOCK_D": head_dim}
     values = attention_strides(head_dim)
     out = []
-    for tile in (*PREFILL_TILES, ak.REFERENCE):
+    interior = [replace(t, interior=True) for t in PREFILL_TILES if not t.nested]
+    for tile in (*PREFILL_TILES, *interior, ak.REFERENCE):
         constexprs = {**common, "HAS_SINKS": False, "BLOCK_M": tile.rows,
                       "BLOCK_N": ak.KEY_BLOCK, "CHUNK_KEYS": ak.CHUNK, "STAGES": tile.stages,
-                      "NESTED": tile.nested}  # fmt: skip
+                      "NESTED": tile.nested, "INTERIOR": tile.interior}  # fmt: skip
         name = f"prefill {tile.rows}x{ak.KEY_BLOCK} w{tile.warps} s{tile.stages}"
-        name += " nested" if tile.nested else ""
+        name += " nested" if tile.nested else " interior" if tile.interior else ""
         out.append(compile_for(ak._prefill_kernel, ptrs, constexprs, values, tile.warps, name=name))
     for rows in (ak.REF_M, 64):
         constexprs = {**common, "HAS_ROWS": True, "BLOCK_M": rows, "BLOCK_N": ak.KEY_BLOCK,

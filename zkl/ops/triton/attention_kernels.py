@@ -17,7 +17,7 @@ register layout, so the large prefill tiles are used only where the device shows
 the reference tile's bits (`attention_probe.choose`, once per head dim and dtype); the decode
 tile (the query heads of one KV head packed into `REF_M` rows) is the reference tile.
 
-A block with no key visible to a query leaves that query's state untouched (`tl.where`),
+A block with no key visible to a query leaves that query's state untouched (`_block_step`),
 and a chunk with none is not merged (`_sees_chunk`). A sliding window (`window` W > 0: a
 query at p sees the keys p-W+1..p) changes only which keys are visible: chunks are still
 counted from position 0 and merged in order, so the window's edge falls inside a chunk the
@@ -58,6 +58,7 @@ class Tile:
     stages: int
     nested: bool = False  # a loop over chunks around a pipelined loop over their blocks
     fp_fusion: bool = False  # let the compiler contract mul + add: the default path only
+    interior: bool = False  # blocks every query of the tile sees whole run unmasked (flat only)
 
 
 REFERENCE = Tile(REF_M, REF_WARPS, 2)
@@ -83,13 +84,23 @@ def _block_step(
     valid_d,
     PRECISION: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr = True,
+    EVEN_D: tl.constexpr = False,
 ):
     """One block of keys into a chunk's online-softmax state (scores in log2 units): a
     query at `pos` sees the keys in (`w_lo`, `pos`] (w_lo = pos - window).
 
-    Always masked, and the kernels run without fp contraction: every value is one rounding of
-    one IEEE operation, so the same inputs give the same bits in every kernel that calls this.
+    The kernels run without fp contraction: every value is one rounding of one IEEE
+    operation, so the same inputs give the same bits in every kernel that calls this.
+    `MASKED=False` is for a block whose keys every live query sees, all inside the buffer:
+    there each mask is an identity, so leaving them out gives the masked step's bits
+    (`EVEN_D`: the head dim fills BLOCK_D, so no load needs a mask).
     """
+    if not MASKED:
+        return _visible_block_step(
+            q, k_base, v_base, start, m_i, l_i, acc, s_kt, s_vt, qk_scale, offs_d, valid_d,
+            PRECISION, BLOCK_N, EVEN_D,
+        )  # fmt: skip
     offs_n = start + tl.arange(0, BLOCK_N)
     in_buffer = offs_n < num_keys
     k = tl.load(
@@ -109,14 +120,42 @@ def _block_step(
     block_any = tl.max(visible.to(tl.int32), axis=1) > 0
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     m_safe = tl.where(block_any, m_new, 0.0)
-    alpha = tl.exp2(m_i - m_safe)
+    # a query that sees no key here keeps its state: its weights are exp2(-inf) = 0, so its
+    # P.V row is zero and fma(acc, 1, 0) is acc, up to the sign of an exact zero (a select
+    # over the [rows, D] output instead holds it twice: the large tiles spill)
+    alpha = tl.where(block_any, tl.exp2(m_i - m_safe), 1.0)
     p = tl.exp2(s - m_safe[:, None])
-    p = tl.where(visible, p, 0.0)
     pv = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-    acc = tl.where(block_any[:, None], tl.fma(acc, alpha[:, None], pv), acc)
-    l_i = tl.where(block_any, tl.fma(l_i, alpha, tl.sum(p, axis=1)), l_i)
+    acc = tl.fma(acc, alpha[:, None], pv)
+    l_i = tl.fma(l_i, alpha, tl.sum(p, axis=1))
     m_i = tl.where(block_any, m_new, m_i)
     return m_i, l_i, acc
+
+
+@triton.jit
+def _visible_block_step(
+    q, k_base, v_base, start, m_i, l_i, acc, s_kt, s_vt, qk_scale, offs_d, valid_d,
+    PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
+):  # fmt: skip
+    """`_block_step` where every key is visible to every live query: the same operations in
+    the same order, the masks' identities left out."""
+    offs_n = start + tl.arange(0, BLOCK_N)
+    k_ptrs = k_base + offs_n[None, :] * s_kt + offs_d[:, None]
+    v_ptrs = v_base + offs_n[:, None] * s_vt + offs_d[None, :]
+    if EVEN_D:
+        k = tl.load(k_ptrs)  # [D, BLOCK_N]
+        v = tl.load(v_ptrs)  # [BLOCK_N, D]
+    else:
+        k = tl.load(k_ptrs, mask=valid_d[:, None], other=0.0)
+        v = tl.load(v_ptrs, mask=valid_d[None, :], other=0.0)
+    s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    pv = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    acc = tl.fma(acc, alpha[:, None], pv)
+    l_i = tl.fma(l_i, alpha, tl.sum(p, axis=1))
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -216,6 +255,7 @@ def _prefill_kernel(
     CHUNK_KEYS: tl.constexpr,
     STAGES: tl.constexpr,
     NESTED: tl.constexpr,
+    INTERIOR: tl.constexpr,
 ):
     pid_m = num_m_blocks - 1 - tl.program_id(0)  # the longest key ranges start first
     pid_bh = tl.program_id(1)
@@ -254,7 +294,22 @@ def _prefill_kernel(
             big_m, big_l, big_o = _merge(big_m, big_l, big_o, m_i, l_i, acc, take)
     else:
         m_i, l_i, acc = _empty_state(BLOCK_M, BLOCK_D)
-        for start in tl.range(c_first, end, BLOCK_N, num_stages=STAGES):
+        full_hi = c_first
+        if INTERIOR:  # the blocks every live query sees whole: unmasked, pipelined
+            w_lo_max = tl.max(w_lo, axis=0)  # a padding query's (position -1) is below any key
+            seen_hi = (tl.minimum(first_pos + 1, num_keys) // BLOCK_N) * BLOCK_N
+            full_hi = tl.where(w_lo_max < c_first, tl.maximum(seen_hi, c_first), c_first)
+            for start in tl.range(c_first, full_hi, BLOCK_N, num_stages=STAGES):
+                m_i, l_i, acc = _block_step(
+                    q, k_base, v_base, start, pos, w_lo, m_i, l_i, acc, s_kt, s_vt, num_keys,
+                    qk_scale, offs_d, valid_d, PRECISION, BLOCK_N, False, HEAD_DIM == BLOCK_D,
+                )  # fmt: skip
+                stop = start + BLOCK_N
+                if (stop % CHUNK_KEYS == 0) | (stop >= end):  # a chunk ends: merge it
+                    take = _sees_chunk((start // CHUNK_KEYS) * CHUNK_KEYS, pos, w_lo, CHUNK_KEYS)
+                    big_m, big_l, big_o = _merge(big_m, big_l, big_o, m_i, l_i, acc, take)
+                    m_i, l_i, acc = _empty_state(BLOCK_M, BLOCK_D)
+        for start in tl.range(full_hi, end, BLOCK_N, num_stages=1 if INTERIOR else STAGES):
             m_i, l_i, acc = _block_step(
                 q, k_base, v_base, start, pos, w_lo, m_i, l_i, acc, s_kt, s_vt, num_keys, qk_scale,
                 offs_d, valid_d, PRECISION, BLOCK_N,
@@ -267,7 +322,9 @@ def _prefill_kernel(
     if HAS_SINKS:
         sink = tl.load(sinks_ptr + h + tl.zeros((BLOCK_M,), tl.int32))
         big_l, big_o = _fold_sink(big_m, big_l, big_o, sink)
-    out = big_o / tl.where(big_l > 0, big_l, 1.0)[:, None]  # padding queries see no key
+    # padding queries see no key; + 0.0 writes an exact zero as +0 on every path (a block a
+    # query does not see may turn a -0 into +0, see _block_step)
+    out = big_o / tl.where(big_l > 0, big_l, 1.0)[:, None] + 0.0
     tl.store(
         out_ptr + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :],
         out.to(out_ptr.dtype.element_ty),
@@ -407,7 +464,7 @@ def _combine_kernel(
     if HAS_SINKS:
         sink = tl.load(sinks_ptr + heads, mask=valid_m, other=0.0)
         big_l, big_o = _fold_sink(big_m, big_l, big_o, sink)
-    out = big_o / tl.where(big_l > 0, big_l, 1.0)[:, None]
+    out = big_o / tl.where(big_l > 0, big_l, 1.0)[:, None] + 0.0  # +0 as the prefill's
     tl.store(
         out_ptr + b * s_ob + heads[:, None] * s_oh + offs_d[None, :],
         out.to(out_ptr.dtype.element_ty),
@@ -484,6 +541,7 @@ def prefill(
         CHUNK_KEYS=chunk,
         STAGES=tile.stages,
         NESTED=tile.nested,
+        INTERIOR=tile.interior and not tile.nested,
         num_warps=tile.warps,
         enable_fp_fusion=tile.fp_fusion,
     )  # fmt: skip

@@ -20,6 +20,8 @@ from zkl.ops.triton.attention_kernels import FP32_TILE, REF_M, REFERENCE, Tile, 
 # round one value differently (measured on an H200: 1 output in ~1,500 of a decode step at
 # the 1.5B's shape, which a 5-query probe passed). Only explicit `tl.fma` is fused.
 PREFILL_TILES = (
+    Tile(64, 4, 3, interior=True),
+    Tile(128, 8, 3, interior=True),
     Tile(128, 8, 3, nested=False),
     Tile(128, 8, 3, nested=True),
     Tile(64, 4, 3, nested=True),

@@ -30,10 +30,10 @@ from zkl.ops.triton.attention_kernels import (
     NO_WINDOW,
     REF_WARPS,
     _block_step,
-    _decode_chunks_kernel,
     _empty_state,
     _merge,
     _out_like,
+    decode_partials,
     decode_split,
 )
 from zkl.ops.triton.gemm import precision, sm_count
@@ -213,21 +213,10 @@ def decode_with(q, k, v, pos, rows, combine: str, chunk: int = CHUNK, rows_per_p
     groups = num_heads // num_kv_heads
     out = _out_like(q)
     positions = pos.reshape(batch, 1)
-    max_chunks = triton.cdiv(k.shape[2], chunk)
-    per_program = decode_split(batch, num_kv_heads, max_chunks, sm_count(q.device))
-    part_m = torch.empty(batch, num_heads, max_chunks, dtype=torch.float32, device=q.device)
-    part_l = torch.empty_like(part_m)
-    part_o = torch.empty(batch, num_heads, max_chunks, head_dim, dtype=torch.float32,
-                         device=q.device)  # fmt: skip
-    _decode_chunks_kernel[(batch * num_kv_heads, triton.cdiv(max_chunks, per_program))](
-        q, k, v, positions, rows, part_m, part_l, part_o, q.stride(0), q.stride(1),
-        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-        positions.stride(0), num_heads, num_kv_heads, groups, k.shape[2], max_chunks,
-        per_program, NO_WINDOW, LOG2E / math.sqrt(head_dim), HAS_ROWS=True,
-        PRECISION=precision(q.dtype), HEAD_DIM=head_dim, BLOCK_D=head_dim,
-        BLOCK_M=rows_per_program, BLOCK_N=KEY_BLOCK, CHUNK_KEYS=chunk, STAGES=3,
-        num_warps=REF_WARPS, enable_fp_fusion=fp_fusion,
-    )  # fmt: skip
+    part_m, part_l, part_o = decode_partials(
+        q, k, v, positions, rows, chunk, rows_per_program, fp_fusion, window=0
+    )
+    max_chunks = part_m.shape[-1]
     common = (part_m, part_l, part_o, positions, out, positions.stride(0), out.stride(0),
               out.stride(1), num_heads, num_kv_heads, groups, max_chunks)  # fmt: skip
     if combine == "unrolled":

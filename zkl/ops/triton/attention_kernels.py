@@ -555,6 +555,52 @@ def decode_split(num_rows: int, num_kv_heads: int, max_chunks: int, sms: int) ->
     return max(1, programs // (4 * sms))
 
 
+def decode_partials(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    kv_rows: torch.Tensor | None,
+    chunk: int,
+    rows_per_program: int,
+    fp_fusion: bool,
+    window: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Decode's first kernel: each chunk's partial state (max, sum [B, H, C], unnormalized
+    output [B, H, C, D]) for one query a row at `positions` [B, 1], chunks in parallel."""
+    batch, num_heads, _, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    rows = positions if kv_rows is None else kv_rows.contiguous()
+    max_chunks = triton.cdiv(k.shape[2], chunk)
+    per_program = decode_split(batch, num_kv_heads, max_chunks, sm_count(q.device))
+    part_m = torch.empty(batch, num_heads, max_chunks, dtype=torch.float32, device=q.device)
+    part_l = torch.empty_like(part_m)
+    part_o = torch.empty(batch, num_heads, max_chunks, head_dim, dtype=torch.float32,
+                         device=q.device)  # fmt: skip
+    grid = (batch * num_kv_heads, triton.cdiv(max_chunks, per_program))
+    _decode_chunks_kernel[grid](
+        q, k, v, positions, rows, part_m, part_l, part_o,
+        q.stride(0), q.stride(1),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        positions.stride(0),
+        num_heads, num_kv_heads, num_heads // num_kv_heads, k.shape[2], max_chunks,
+        per_program, _window(window),
+        LOG2E / math.sqrt(head_dim),
+        HAS_ROWS=kv_rows is not None,
+        PRECISION=precision(q.dtype),
+        HEAD_DIM=head_dim,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_M=rows_per_program,
+        BLOCK_N=KEY_BLOCK,
+        CHUNK_KEYS=chunk,
+        STAGES=3,
+        num_warps=REF_WARPS,
+        enable_fp_fusion=fp_fusion,
+    )  # fmt: skip
+    return part_m, part_l, part_o
+
+
 def decode(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -576,45 +622,19 @@ def decode(
     _check(q, k, v)
     batch, num_heads, _, head_dim = q.shape
     num_kv_heads = k.shape[1]
-    groups = num_heads // num_kv_heads
     out = _out_like(q)
     if batch == 0:
         return out
     positions = q_pos.reshape(batch, 1)
-    rows = positions if kv_rows is None else kv_rows.contiguous()
-    max_chunks = triton.cdiv(k.shape[2], chunk)
-    per_program = decode_split(batch, num_kv_heads, max_chunks, sm_count(q.device))
-    part_m = torch.empty(batch, num_heads, max_chunks, dtype=torch.float32, device=q.device)
-    part_l = torch.empty_like(part_m)
-    part_o = torch.empty(batch, num_heads, max_chunks, head_dim, dtype=torch.float32,
-                         device=q.device)  # fmt: skip
+    part_m, part_l, part_o = decode_partials(
+        q, k, v, positions, kv_rows, chunk, rows_per_program, fp_fusion, window
+    )
     block_d = max(16, triton.next_power_of_2(head_dim))
-    dot_precision = precision(q.dtype)
-    grid = (batch * num_kv_heads, triton.cdiv(max_chunks, per_program))
-    _decode_chunks_kernel[grid](
-        q, k, v, positions, rows, part_m, part_l, part_o,
-        q.stride(0), q.stride(1),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        positions.stride(0),
-        num_heads, num_kv_heads, groups, k.shape[2], max_chunks, per_program, _window(window),
-        LOG2E / math.sqrt(head_dim),
-        HAS_ROWS=kv_rows is not None,
-        PRECISION=dot_precision,
-        HEAD_DIM=head_dim,
-        BLOCK_D=block_d,
-        BLOCK_M=rows_per_program,
-        BLOCK_N=KEY_BLOCK,
-        CHUNK_KEYS=chunk,
-        STAGES=3,
-        num_warps=REF_WARPS,
-        enable_fp_fusion=fp_fusion,
-    )  # fmt: skip
     slice_d = min(block_d, 32)
     _combine_kernel[(batch * num_kv_heads, triton.cdiv(block_d, slice_d))](
         part_m, part_l, part_o, positions, _sinks_log2(sinks, positions), out,
         positions.stride(0), out.stride(0), out.stride(1),
-        num_heads, num_kv_heads, groups, max_chunks, _window(window),
+        num_heads, num_kv_heads, num_heads // num_kv_heads, part_m.shape[-1], _window(window),
         HAS_SINKS=sinks is not None,
         HEAD_DIM=head_dim,
         BLOCK_D=slice_d,

@@ -215,6 +215,27 @@ def _kv_row(rows_ptr, b, HAS_ROWS: tl.constexpr):
     return kv_b
 
 
+@triton.jit
+def _flat_step(
+    q, k_base, v_base, start, end, pos, w_lo, m_i, l_i, acc, big_m, big_l, big_o, s_kt, s_vt,
+    num_keys, qk_scale, offs_d, valid_d, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK_KEYS: tl.constexpr,
+    MASKED: tl.constexpr, EVEN_D: tl.constexpr,
+):  # fmt: skip
+    """One block step of the flat prefill loop; where it ends a chunk, the chunk's state is
+    merged into the running one and started afresh."""
+    m_i, l_i, acc = _block_step(
+        q, k_base, v_base, start, pos, w_lo, m_i, l_i, acc, s_kt, s_vt, num_keys, qk_scale,
+        offs_d, valid_d, PRECISION, BLOCK_N, MASKED, EVEN_D,
+    )  # fmt: skip
+    stop = start + BLOCK_N
+    if (stop % CHUNK_KEYS == 0) | (stop >= end):
+        take = _sees_chunk((start // CHUNK_KEYS) * CHUNK_KEYS, pos, w_lo, CHUNK_KEYS)
+        big_m, big_l, big_o = _merge(big_m, big_l, big_o, m_i, l_i, acc, take)
+        m_i, l_i, acc = _empty_state(BLOCK_M, BLOCK_D)
+    return m_i, l_i, acc, big_m, big_l, big_o
+
+
 @triton.jit(do_not_specialize=["num_q", "num_keys", "num_m_blocks", "window"])
 def _prefill_kernel(
     q_ptr,
@@ -300,25 +321,17 @@ def _prefill_kernel(
             seen_hi = (tl.minimum(first_pos + 1, num_keys) // BLOCK_N) * BLOCK_N
             full_hi = tl.where(w_lo_max < c_first, tl.maximum(seen_hi, c_first), c_first)
             for start in tl.range(c_first, full_hi, BLOCK_N, num_stages=STAGES):
-                m_i, l_i, acc = _block_step(
-                    q, k_base, v_base, start, pos, w_lo, m_i, l_i, acc, s_kt, s_vt, num_keys,
-                    qk_scale, offs_d, valid_d, PRECISION, BLOCK_N, False, HEAD_DIM == BLOCK_D,
+                m_i, l_i, acc, big_m, big_l, big_o = _flat_step(
+                    q, k_base, v_base, start, end, pos, w_lo, m_i, l_i, acc, big_m, big_l,
+                    big_o, s_kt, s_vt, num_keys, qk_scale, offs_d, valid_d, PRECISION,
+                    BLOCK_M, BLOCK_D, BLOCK_N, CHUNK_KEYS, False, HEAD_DIM == BLOCK_D,
                 )  # fmt: skip
-                stop = start + BLOCK_N
-                if (stop % CHUNK_KEYS == 0) | (stop >= end):  # a chunk ends: merge it
-                    take = _sees_chunk((start // CHUNK_KEYS) * CHUNK_KEYS, pos, w_lo, CHUNK_KEYS)
-                    big_m, big_l, big_o = _merge(big_m, big_l, big_o, m_i, l_i, acc, take)
-                    m_i, l_i, acc = _empty_state(BLOCK_M, BLOCK_D)
         for start in tl.range(full_hi, end, BLOCK_N, num_stages=1 if INTERIOR else STAGES):
-            m_i, l_i, acc = _block_step(
-                q, k_base, v_base, start, pos, w_lo, m_i, l_i, acc, s_kt, s_vt, num_keys, qk_scale,
-                offs_d, valid_d, PRECISION, BLOCK_N,
+            m_i, l_i, acc, big_m, big_l, big_o = _flat_step(
+                q, k_base, v_base, start, end, pos, w_lo, m_i, l_i, acc, big_m, big_l, big_o,
+                s_kt, s_vt, num_keys, qk_scale, offs_d, valid_d, PRECISION, BLOCK_M, BLOCK_D,
+                BLOCK_N, CHUNK_KEYS, True, False,
             )  # fmt: skip
-            stop = start + BLOCK_N
-            if (stop % CHUNK_KEYS == 0) | (stop >= end):  # a chunk ends: merge it, start afresh
-                take = _sees_chunk((start // CHUNK_KEYS) * CHUNK_KEYS, pos, w_lo, CHUNK_KEYS)
-                big_m, big_l, big_o = _merge(big_m, big_l, big_o, m_i, l_i, acc, take)
-                m_i, l_i, acc = _empty_state(BLOCK_M, BLOCK_D)
     if HAS_SINKS:
         sink = tl.load(sinks_ptr + h + tl.zeros((BLOCK_M,), tl.int32))
         big_l, big_o = _fold_sink(big_m, big_l, big_o, sink)
